@@ -1,0 +1,155 @@
+"""Job configs: pydantic models read from JSON/YAML, validated once, one error type.
+
+Every job takes ``--config FILE`` and any number of ``--set key=value`` overrides
+(the value parsed as JSON when it parses, else taken as a string), so the Airflow
+operators and a person at a shell build the same objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jobs.exit_codes import BadInputError
+from jobs.layout import safe_id
+
+DEFAULT_ARTIFACT_ROOT_ENV = "EMBEDFRESH_ARTIFACT_ROOT"
+
+
+def default_artifact_root() -> str:
+    return os.environ.get(DEFAULT_ARTIFACT_ROOT_ENV) or f"file://{Path('artifacts').resolve()}"
+
+
+class JobConfig(BaseModel):
+    """What every job shares: where artifacts live, which model, which run."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), frozen=True)
+
+    artifact_root: str = Field(default_factory=default_artifact_root)
+    """Root URL of the artifact store: ``file:///...`` or ``s3://bucket/prefix``."""
+    model: str = "tiny"
+    """Model config name (``tiny`` or ``minilm``); also the model's name in the registry."""
+    run_id: str = "manual"
+    """Stable across retries of one task, so a retry resumes instead of restarting."""
+    backend: str = "cpu"
+    """Accelerator backend: ``auto``, ``cpu`` or ``cuda``."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_a_path_segment(cls, v: str) -> str:
+        return safe_id(v, "run id")
+
+
+class TrainConfig(JobConfig):
+    """Incremental training on the partitions of one data interval."""
+
+    dataset: str = "products"
+    data_interval_start: dt.date
+    """First day of data (inclusive)."""
+    data_interval_end: dt.date | None = None
+    """Last day of data (exclusive); defaults to the day after the start."""
+    epochs: int = Field(default=2, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many optimizer steps even if epochs remain."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Examples per step; None takes the model config's default. Fixed (drop_last)."""
+    learning_rate: float | None = Field(default=None, gt=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    checkpoint_every: int = Field(default=50, ge=1)
+    """Optimizer steps between checkpoints: the most work a failure can lose."""
+    keep_last: int = Field(default=2, ge=1)
+    """Committed checkpoints kept per run."""
+    seed: int = 0
+    init: Literal["auto", "production", "base"] = "auto"
+    """``production``: start from the registry's production version (error if none);
+    ``base``: from the config's base weights (random for tiny, MiniLM for minilm);
+    ``auto``: production when there is one, else base."""
+    version: str | None = None
+    """Name of the model version this run publishes; defaults to the run id."""
+    log_every: int = Field(default=10, ge=1)
+
+    @field_validator("dataset", "version")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def interval_end(self) -> dt.date:
+        return self.data_interval_end or self.data_interval_start + dt.timedelta(days=1)
+
+    @property
+    def output_version(self) -> str:
+        return self.version or self.run_id
+
+
+class EvaluateConfig(JobConfig):
+    """Evaluation of one model version on the fixed held-out split."""
+
+    dataset: str = "products"
+    version: str | None = None
+    """Model version to evaluate; defaults to the run id (what the train job published)."""
+    batch_size: int = Field(default=64, ge=1)
+    report_name: str = "eval"
+    """Report file name under the run's reports/ (``eval`` -> ``eval.json``)."""
+
+    @field_validator("dataset", "version", "report_name")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def target_version(self) -> str:
+        return self.version or self.run_id
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise BadInputError(f"--set expects key=value, got {item!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(cls: type[C], path: str | None = None, overrides: list[str] = ()) -> C:
+    """Build ``cls`` from a JSON/YAML file plus ``key=value`` overrides.
+
+    :raises BadInputError: unreadable file, unknown keys, wrong types or values.
+    """
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise BadInputError(f"cannot read config {path}: {e}") from e
+        try:
+            loaded = yaml.safe_load(text) if text.strip() else {}
+        except yaml.YAMLError as e:
+            raise BadInputError(f"config {path} is not valid JSON/YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise BadInputError(f"config {path} must be a mapping, got {type(loaded).__name__}")
+        data.update(loaded)
+    for item in overrides:
+        key, value = parse_override(item)
+        data[key] = value
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(config)'}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise BadInputError(f"invalid {cls.__name__}: {problems}") from None

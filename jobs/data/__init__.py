@@ -1,0 +1,1 @@
+"""Data: the product-search relevance schema, its generator and its validating reader."""

@@ -1,0 +1,1 @@
+"""The relevance model: a BERT-style text encoder and an MLP over feature interactions."""

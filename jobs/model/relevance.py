@@ -1,0 +1,51 @@
+"""The relevance model: encoder embeddings of query and product, their explicit
+interactions and the dense product features, through an MLP to one logit."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from jobs.model.encoder import BertEncoder
+from jobs.model.presets import ModelSpec
+
+
+class RelevanceModel(nn.Module):
+    """``forward`` scores (query, product) pairs; ``embed`` is the production embedding."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        hidden = spec.encoder.hidden_size
+        # [q, p, q*p, |q-p|, cos(q, p), features]: the interactions a dot product alone
+        # cannot express, normalised first because unit vectors have tiny components.
+        width = 4 * hidden + 1 + spec.num_features
+        self.encoder = BertEncoder(spec.encoder)
+        self.head = nn.Sequential(
+            nn.LayerNorm(width),
+            nn.Linear(width, spec.head_hidden),
+            nn.GELU(),
+            nn.Linear(spec.head_hidden, spec.head_hidden),
+            nn.GELU(),
+            nn.Linear(spec.head_hidden, 1),
+        )
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids, attention_mask)
+
+    def forward(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        product_ids: torch.Tensor,
+        product_mask: torch.Tensor,
+        features: torch.Tensor,
+    ) -> torch.Tensor:
+        # One encoder pass over queries and products together: one graph, better batching.
+        n = query_ids.shape[0]
+        both = self.encoder(
+            torch.cat([query_ids, product_ids]), torch.cat([query_mask, product_mask])
+        )
+        q, p = both[:n], both[n:]
+        x = torch.cat([q, p, q * p, (q - p).abs(), (q * p).sum(-1, keepdim=True), features], dim=-1)
+        return self.head(x).squeeze(-1)

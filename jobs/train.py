@@ -1,0 +1,385 @@
+"""Incremental training: ``python -m jobs.train --config train.yaml``.
+
+Starts from the production model (or the config's base weights), trains on the data
+interval's partitions, checkpoints every N steps and resumes bit-exactly from the
+newest committed checkpoint of its run id, then publishes a model version and
+``runs/{model}/{run_id}/reports/train.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from jobs import layout
+from jobs.backends import Backend, get_backend
+from jobs.checkpoint import Checkpoint, CheckpointManager, cpu_state_dict
+from jobs.cli import main_for
+from jobs.config import TrainConfig
+from jobs.data.reader import Examples, read_train
+from jobs.exit_codes import BadInputError
+from jobs.model import versions
+from jobs.model.presets import ModelSpec, get_spec, tokenizer_file
+from jobs.model.relevance import RelevanceModel
+from jobs.model.tokenizer import TextTokenizer
+from jobs.registry import Registry
+from jobs.storage import ArtifactStore
+
+log = logging.getLogger("jobs.train")
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """Pre-tokenised, fixed-shape tensors of one data interval."""
+
+    query_ids: torch.Tensor
+    query_mask: torch.Tensor
+    product_ids: torch.Tensor
+    product_mask: torch.Tensor
+    features: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def build(cls, examples: Examples, tokenizer: TextTokenizer) -> TrainingSet:
+        q, p = tokenizer(examples.queries), tokenizer(examples.products)
+        return cls(
+            torch.from_numpy(q.input_ids),
+            torch.from_numpy(q.attention_mask),
+            torch.from_numpy(p.input_ids),
+            torch.from_numpy(p.attention_mask),
+            torch.from_numpy(examples.features),
+            torch.from_numpy(examples.labels),
+        )
+
+    def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
+        i = torch.from_numpy(index)
+        return {
+            "query_ids": self.query_ids[i],
+            "query_mask": self.query_mask[i],
+            "product_ids": self.product_ids[i],
+            "product_mask": self.product_mask[i],
+            "features": self.features[i],
+            "labels": self.labels[i],
+        }
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The example order of an epoch: a pure function of (seed, epoch), so resuming at
+    any step replays exactly the batches an uninterrupted run would see."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def data_fingerprint(examples: Examples) -> str:
+    h = hashlib.sha256()
+    for arr in (examples.query_ids, examples.product_ids, examples.features, examples.labels):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]
+
+
+def config_hash(cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int) -> str:
+    """What must match for a checkpoint to be resumed: everything that changes the math."""
+    relevant = cfg.model_dump(
+        mode="json",
+        exclude={"artifact_root", "run_id", "backend", "log_every", "keep_last", "version"},
+    )
+    blob = json.dumps(
+        {"cfg": relevant, "spec": spec.fingerprint(), "data": data_fp, "steps": steps},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def make_optimizer(model: RelevanceModel, cfg: TrainConfig) -> torch.optim.Optimizer:
+    spec = model.spec
+    encoder_lr = cfg.learning_rate or spec.encoder_learning_rate
+    head_lr = cfg.learning_rate or spec.head_learning_rate
+    return torch.optim.AdamW(
+        [
+            {"params": model.encoder.parameters(), "lr": encoder_lr},
+            {"params": model.head.parameters(), "lr": head_lr},
+        ],
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def make_schedule(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up then linear decay to 10% of the peak."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.1, 1.0 - 0.9 * (step - warmup) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np.asarray(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.set_rng_state(state["torch"])
+
+
+def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) -> dict[str, Any]:
+    """Load the starting weights into ``model``; returns where they came from."""
+    production = None
+    if cfg.init in ("auto", "production"):
+        production = Registry(store, cfg.model).production_version()
+        if production is None and cfg.init == "production":
+            raise BadInputError(
+                f"init=production but {store.url(layout.registry(cfg.model))} has no "
+                "production version yet (use init=auto or init=base)"
+            )
+    if production is not None:
+        version = versions.load(store, cfg.model, production)
+        if version.spec.fingerprint() != model.spec.fingerprint():
+            raise BadInputError(
+                f"production version {version.url} has another architecture than "
+                f"model config {cfg.model!r}"
+            )
+        model.load_state_dict(version.weights, strict=True)
+        return {"source": "production", "version": production, "url": version.url}
+    return {"source": "base", "weights": versions.load_base_weights(model)}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train incrementally on one data interval and publish a model version."""
+    started = time.perf_counter()
+    store = ArtifactStore(cfg.artifact_root)
+    spec = get_spec(cfg.model)
+    backend = get_backend(cfg.backend)
+    examples = read_train(store, cfg.dataset, cfg.data_interval_start, cfg.interval_end)
+    batch_size = cfg.batch_size or spec.default_batch_size
+    per_epoch = len(examples) // batch_size  # drop_last: every step has the same shape
+    if per_epoch == 0:
+        raise BadInputError(
+            f"data interval {cfg.data_interval_start}..{cfg.interval_end} has "
+            f"{len(examples)} rows, fewer than one batch of {batch_size}"
+        )
+    total = (
+        per_epoch * cfg.epochs
+        if cfg.max_steps is None
+        else min(cfg.max_steps, per_epoch * cfg.epochs)
+    )
+    chash = config_hash(cfg, spec, data_fingerprint(examples), total)
+    report_rel = layout.report(cfg.model, cfg.run_id, "train")
+
+    published = versions.is_committed(store, cfg.model, cfg.output_version)
+    if published is not None:
+        if published.get("config_hash") != chash:
+            raise BadInputError(
+                f"model version {cfg.output_version} of {cfg.model} already exists from "
+                "another configuration; versions are immutable (set another version)"
+            )
+        log.info("version %s already published by this run: nothing to train", cfg.output_version)
+        return _summary(store.read_json(report_rel), store.url(report_rel))
+
+    tokenizer = TextTokenizer(tokenizer_file(), spec.max_length)
+    data = TrainingSet.build(examples, tokenizer)
+    model = versions.build_model(spec, cfg.seed)
+    manager = CheckpointManager(store, cfg.model, cfg.run_id, cfg.keep_last, chash)
+    checkpoint = manager.load_latest()
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint.weights, strict=True)
+        init = checkpoint.meta["init"]
+        log.info("resuming from %s (step %d)", checkpoint.url, checkpoint.step)
+    else:
+        init = resolve_init(cfg, store, model)
+        log.info("starting from %s", init)
+    model.to(backend.device)
+    optimizer = make_optimizer(model, cfg)
+    schedule = make_schedule(optimizer, cfg.warmup_steps, total)
+    first_step = 0
+    loss_curve: list[list[float]] = []
+    if checkpoint is not None:
+        first_step = _restore(checkpoint, optimizer, schedule)
+        loss_curve = checkpoint.meta.get("loss_curve", [])
+    else:
+        torch.manual_seed(cfg.seed)  # dropout stream independent of how init was reached
+
+    loop_started = time.perf_counter()
+    loss_curve = _loop(
+        cfg,
+        backend,
+        model,
+        optimizer,
+        schedule,
+        data,
+        manager,
+        first_step,
+        total,
+        per_epoch,
+        batch_size,
+        init,
+        loss_curve,
+    )
+    loop_seconds = time.perf_counter() - loop_started
+
+    weights = cpu_state_dict(model)
+    version_url = versions.publish(
+        store,
+        spec,
+        cfg.output_version,
+        weights,
+        {
+            "run_id": cfg.run_id,
+            "config_hash": chash,
+            "init": init,
+            "steps": total,
+            "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
+        },
+    )
+    steps_run = total - first_step
+    report = {
+        "status": "ok",
+        "model": cfg.model,
+        "run_id": cfg.run_id,
+        "version": cfg.output_version,
+        "version_url": version_url,
+        "init": init,
+        "resumed_from": None
+        if checkpoint is None
+        else {"step": checkpoint.step, "url": checkpoint.url},
+        "steps": total,
+        "steps_this_attempt": steps_run,
+        "epochs": cfg.epochs,
+        "batch_size": batch_size,
+        "rows": len(examples),
+        "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
+        "sources": list(examples.sources),
+        "samples_per_second": round(steps_run * batch_size / loop_seconds, 2)
+        if steps_run and loop_seconds > 0
+        else None,
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "loss_curve": loss_curve,
+        "final_loss": loss_curve[-1][1] if loss_curve else None,
+        "checkpoint_every": cfg.checkpoint_every,
+        "config_hash": chash,
+        "compiles_after_warmup": backend.compiles(),
+        **backend.metadata(),
+    }
+    store.write_json(report_rel, report)
+    return _summary(report, store.url(report_rel))
+
+
+def _restore(
+    checkpoint: Checkpoint,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LambdaLR,
+) -> int:
+    optimizer.load_state_dict(checkpoint.state["optimizer"])
+    schedule.load_state_dict(checkpoint.state["schedule"])
+    set_rng_state(checkpoint.state["rng"])
+    return checkpoint.step
+
+
+def _loop(
+    cfg: TrainConfig,
+    backend: Backend,
+    model: RelevanceModel,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LambdaLR,
+    data: TrainingSet,
+    manager: CheckpointManager,
+    first_step: int,
+    total: int,
+    per_epoch: int,
+    batch_size: int,
+    init: dict[str, Any],
+    loss_curve: list[list[float]],
+) -> list[list[float]]:
+    model.train()
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    order, order_epoch = None, -1
+    for step in range(first_step, total):
+        epoch, position = divmod(step, per_epoch)
+        if epoch != order_epoch:
+            order, order_epoch = epoch_order(cfg.seed, epoch, len(data.labels)), epoch
+        index = order[position * batch_size : (position + 1) * batch_size]
+        batch = backend.to_device(data.batch(index))
+        with backend.autocast():
+            logits = model(
+                batch["query_ids"],
+                batch["query_mask"],
+                batch["product_ids"],
+                batch["product_mask"],
+                batch["features"],
+            )
+            loss = loss_fn(logits.float(), batch["labels"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        backend.mark_step()
+        backend.optimizer_step(optimizer)
+        schedule.step()
+        backend.mark_step()
+        done = step + 1
+        if done % cfg.log_every == 0 or done == total or done % cfg.checkpoint_every == 0:
+            value = float(loss.detach().to("cpu"))
+            if not np.isfinite(value):
+                raise BadInputError(
+                    f"loss is {value} at step {done}: training diverged (lower the learning "
+                    "rate or check the data); no checkpoint or model was written for it"
+                )
+            loss_curve.append([done, round(value, 6)])
+            log.info("step %d/%d epoch %d loss %.4f", done, total, epoch, value)
+        if done % cfg.checkpoint_every == 0 and done < total:
+            url = manager.save(
+                done,
+                cpu_state_dict(model),
+                {
+                    "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(),
+                    "rng": rng_state(),
+                },
+                {
+                    "init": init,
+                    "epoch": epoch,
+                    "position_in_epoch": position + 1,
+                    "samples_seen": done * batch_size,
+                    "loss_curve": loss_curve,
+                },
+            )
+            log.info("checkpoint step %d committed at %s", done, url)
+    return loss_curve
+
+
+def _summary(report: dict[str, Any], url: str) -> dict[str, Any]:
+    keys = (
+        "status",
+        "version",
+        "version_url",
+        "steps",
+        "final_loss",
+        "samples_per_second",
+        "wall_seconds",
+        "resumed_from",
+        "init",
+        "compiles_after_warmup",
+    )
+    return {**{k: report.get(k) for k in keys}, "report": url}
+
+
+if __name__ == "__main__":
+    main_for("train", TrainConfig, train)

@@ -1,0 +1,130 @@
+"""Shared fixtures: generated data in a local store, a real S3 endpoint (moto server on
+127.0.0.1), and a runner for jobs as real subprocesses."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DAY1 = dt.date(2026, 1, 1)
+DAY2 = dt.date(2026, 1, 2)
+# Small enough that a training run takes seconds, large enough to learn something.
+DATA = dict(days=2, train_rows=1024, eval_rows=768, corpus_rows=600, corpus_shard_rows=200)
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_job(
+    name: str, *sets: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run ``python -m jobs.<name> --set ...`` as a real process; never raises on exit code."""
+    cmd = [sys.executable, "-m", f"jobs.{name}"]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=job_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write_data(root: str, seed: int = 0) -> None:
+    from jobs.data.generate import write_dataset
+    from jobs.storage import ArtifactStore
+
+    write_dataset(
+        ArtifactStore(root),
+        "products",
+        seed,
+        DAY1,
+        DATA["days"],
+        DATA["train_rows"],
+        DATA["eval_rows"],
+        "products",
+        DATA["corpus_rows"],
+        DATA["corpus_shard_rows"],
+    )
+
+
+@pytest.fixture(scope="session")
+def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated once; each test gets its own copy (tests write runs next to it)."""
+    path = tmp_path_factory.mktemp("data-template")
+    write_data(f"file://{path}")
+    return path
+
+
+@pytest.fixture
+def root(data_template: Path, tmp_path: Path) -> str:
+    """A file:// artifact root holding the generated data set, private to the test."""
+    dest = tmp_path / "artifacts"
+    shutil.copytree(data_template, dest)
+    return f"file://{dest}"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real HTTP S3 endpoint (moto's server mode) on 127.0.0.1, stopped at the end."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in _S3_ENV}
+    os.environ.update(_s3_env(endpoint))
+    try:
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+_S3_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+)
+
+
+def _s3_env(endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+
+
+@pytest.fixture
+def s3_root(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket holding the generated data set."""
+    import boto3
+
+    bucket = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:50].strip("-")
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    root = f"s3://{bucket}/prod"
+    write_data(root)
+    return root
