@@ -60,9 +60,14 @@ class TrainConfig(JobConfig):
     batch_size: int | None = Field(default=None, ge=1)
     """Examples per step; None takes the model config's default. Fixed (drop_last)."""
     learning_rate: float | None = Field(default=None, gt=0)
+    incremental_lr_scale: float = Field(default=0.1, gt=0, le=1)
+    """Learning-rate factor when starting from the production model (fine-tuning)."""
     warmup_steps: int = Field(default=10, ge=0)
     weight_decay: float = Field(default=0.01, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
+    contrastive_weight: float = Field(default=1.0, ge=0)
+    """Weight of the in-batch contrastive loss that trains the embedding for retrieval."""
+    contrastive_temperature: float = Field(default=0.05, gt=0)
     checkpoint_every: int = Field(default=50, ge=1)
     """Optimizer steps between checkpoints: the most work a failure can lose."""
     keep_last: int = Field(default=2, ge=1)
@@ -153,3 +158,40 @@ def load_config(cls: type[C], path: str | None = None, overrides: list[str] = ()
             for err in e.errors()
         )
         raise BadInputError(f"invalid {cls.__name__}: {problems}") from None
+
+
+class GateConfig(JobConfig):
+    """The quality gate: candidate vs reference on the same held-out examples."""
+
+    dataset: str = "products"
+    version: str | None = None
+    """Candidate version; defaults to the run id. Its eval report must exist."""
+    mode: Literal["no_regression", "parity"] = "no_regression"
+    reference: str = "production"
+    """``production`` (the registry's production version, falling back to the baseline
+    before the first promotion) or a pinned version name."""
+    baseline: str = "baseline"
+    """Version used as reference before any promotion: published from the config's base
+    weights (random init for tiny, all-MiniLM-L6-v2 for minilm) when missing."""
+    metrics: list[str] = Field(
+        default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
+    )
+    tolerance: float = Field(default=0.001, ge=0, lt=1)
+    """Relative tolerance: 0.001 is the 0.1% quality SLA."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    resamples: int = Field(default=1000, ge=100)
+    seed: int = 0
+    batch_size: int = Field(default=64, ge=1)
+
+    @field_validator("dataset", "version", "reference", "baseline")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def candidate_version(self) -> str:
+        return self.version or self.run_id
+
+
+class PromoteConfig(JobConfig):
+    """Moves the production pointer to the run's candidate if its gate said PASS."""

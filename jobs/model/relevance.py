@@ -41,6 +41,17 @@ class RelevanceModel(nn.Module):
         product_mask: torch.Tensor,
         features: torch.Tensor,
     ) -> torch.Tensor:
+        return self.score_and_embed(query_ids, query_mask, product_ids, product_mask, features)[0]
+
+    def score_and_embed(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        product_ids: torch.Tensor,
+        product_mask: torch.Tensor,
+        features: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Relevance logits and the query and product embeddings they came from."""
         # One encoder pass over queries and products together: one graph, better batching.
         n = query_ids.shape[0]
         both = self.encoder(
@@ -48,4 +59,18 @@ class RelevanceModel(nn.Module):
         )
         q, p = both[:n], both[n:]
         x = torch.cat([q, p, q * p, (q - p).abs(), (q * p).sum(-1, keepdim=True), features], dim=-1)
-        return self.head(x).squeeze(-1)
+        return self.head(x).squeeze(-1), q, p
+
+
+def in_batch_contrastive(
+    q: torch.Tensor, p: torch.Tensor, labels: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """InfoNCE over the batch for relevant pairs: each relevant product must outrank the
+    batch's other products for its query. This is what keeps the embedding good for
+    retrieval; the relevance loss alone degrades it (measured: recall@10 -45% vs the
+    untrained encoder). Computed for every row and masked, so shapes stay static."""
+    logits = (q @ p.T) / temperature
+    targets = torch.arange(q.shape[0], device=q.device)
+    per_row = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+    weights = labels.float()
+    return (per_row * weights).sum() / weights.sum().clamp(min=1.0)

@@ -1,0 +1,177 @@
+"""The quality gate job: ``python -m jobs.gate --config gate.yaml``.
+
+Reads the candidate's per-example eval outcomes, evaluates the reference on the same
+held-out examples (the production version, or the baseline before the first
+promotion), decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
+(:mod:`jobs.gate.decision`) and writes ``reports/gate.json`` with an SVG of the
+intervals against the tolerance band. Anything but PASS exits with code 3; the
+registry is not touched here (:mod:`jobs.promote` moves it, only after a PASS).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from jobs import layout
+from jobs.config import EvaluateConfig, GateConfig
+from jobs.exit_codes import BadInputError, GateRefusedError
+from jobs.gate.decision import GateResult, gate
+from jobs.gate.plot import intervals_svg
+from jobs.model import versions
+from jobs.registry import Registry
+from jobs.storage import ArtifactStore
+
+log = logging.getLogger("jobs.gate")
+
+CANDIDATE_REPORT = "eval"
+REFERENCE_REPORT = "eval-reference"
+
+
+def ensure_baseline(store: ArtifactStore, model: str, name: str, seed: int) -> str:
+    """Publish the base weights as version ``name`` once; returns its name."""
+    if versions.is_committed(store, model, name) is not None:
+        return name
+    from jobs.model.presets import get_spec
+
+    spec = get_spec(model)
+    net = versions.build_model(spec, seed)
+    source = versions.load_base_weights(net)
+    from jobs.checkpoint import cpu_state_dict
+
+    versions.publish(store, spec, name, cpu_state_dict(net), {"baseline": True, "weights": source})
+    log.info("published baseline version %s (%s)", name, source)
+    return name
+
+
+def load_outcomes(store: ArtifactStore, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-example arrays of an eval report, grouped as the gate expects."""
+    try:
+        examples_url, queries_url = report["outcomes"]["examples"], report["outcomes"]["queries"]
+    except (KeyError, TypeError) as e:
+        raise BadInputError(f"eval report lacks its outcomes: {e}") from e
+    tables = {}
+    for key, url in (("examples", examples_url), ("queries", queries_url)):
+        rel = url.removeprefix(store.url("")).lstrip("/")
+        with store.open_read(rel) as f:
+            tables[key] = pq.read_table(f)
+    ex, qs = tables["examples"], tables["queries"]
+    return {
+        "relevance": {
+            "example_id": _pair_id(
+                ex.column("query_id").to_numpy(), ex.column("product_id").to_numpy()
+            ),
+            "label": ex.column("label").to_numpy(),
+            "prob": ex.column("prob").to_numpy(),
+        },
+        "retrieval": {
+            "query_id": qs.column("query_id").to_numpy(),
+            "recall_at_10": qs.column("recall_at_10").to_numpy(),
+        },
+    }
+
+
+def _pair_id(query_ids: np.ndarray, product_ids: np.ndarray) -> np.ndarray:
+    """One 64-bit id per (query, product) pair, to check both sides hold the same rows."""
+    with np.errstate(over="ignore"):
+        return (query_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ product_ids.astype(
+            np.uint64
+        )
+
+
+def _eval_report(store: ArtifactStore, cfg: GateConfig, name: str) -> dict[str, Any] | None:
+    rel = layout.report(cfg.model, cfg.run_id, name)
+    return store.read_json(rel) if store.exists(rel) else None
+
+
+def run_gate(cfg: GateConfig) -> dict[str, Any]:
+    """Gate the run's candidate against its reference; exit 3 unless PASS."""
+    from jobs.evaluate import evaluate
+
+    started = time.perf_counter()
+    store = ArtifactStore(cfg.artifact_root)
+    registry = Registry(store, cfg.model)
+    production = registry.production_version()
+    if cfg.reference == "production":
+        if production is not None:
+            ref_version, source = production, "production"
+        else:
+            ref_version = ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
+            source = "baseline"
+    else:
+        ref_version, source = cfg.reference, "pinned"
+
+    candidate = _eval_report(store, cfg, CANDIDATE_REPORT)
+    if candidate is None or candidate.get("version") != cfg.candidate_version:
+        raise BadInputError(
+            f"no eval report for version {cfg.candidate_version} in run {cfg.run_id}: "
+            "run the evaluate job first"
+        )
+    reference = _eval_report(store, cfg, REFERENCE_REPORT)
+    if reference is None or reference.get("version") != ref_version:
+        evaluate(
+            EvaluateConfig(
+                artifact_root=cfg.artifact_root,
+                model=cfg.model,
+                run_id=cfg.run_id,
+                backend=cfg.backend,
+                dataset=cfg.dataset,
+                version=ref_version,
+                batch_size=cfg.batch_size,
+                report_name=REFERENCE_REPORT,
+            )
+        )
+        reference = _eval_report(store, cfg, REFERENCE_REPORT)
+    if reference.get("dataset") != candidate.get("dataset"):
+        raise BadInputError("candidate and reference were evaluated on different data sets")
+
+    result: GateResult = gate(
+        load_outcomes(store, candidate),
+        load_outcomes(store, reference),
+        cfg.metrics,
+        cfg.mode,
+        cfg.tolerance,
+        cfg.resamples,
+        cfg.confidence,
+        cfg.seed,
+    )
+    base = layout.reports(cfg.model, cfg.run_id)
+    svg_rel = f"{base}/gate.svg"
+    store.write_bytes(svg_rel, intervals_svg(result).encode())
+    report = {
+        **result.to_dict(),
+        "model": cfg.model,
+        "run_id": cfg.run_id,
+        "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
+        "reference": {
+            "version": ref_version,
+            "source": source,
+            "metrics": reference["metrics"],
+        },
+        # The production version this decision was made against: promotion is a
+        # compare-and-swap on it, so a decision against a stale production cannot win.
+        "production_at_decision": production,
+        "n_examples": candidate["n_examples"],
+        "n_queries": candidate["n_queries"],
+        "curve": [{"step": "final", **result.to_dict()}],
+        "plot": store.url(svg_rel),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+    }
+    report_rel = layout.report(cfg.model, cfg.run_id, "gate")
+    store.write_json(report_rel, report)
+    log.info("gate %s: %s", result.verdict, result.reason)
+    if not result.passed:
+        raise GateRefusedError(
+            f"{result.verdict}: {result.reason} (candidate {cfg.candidate_version} vs "
+            f"{source} {ref_version}; report {store.url(report_rel)})"
+        )
+    return {
+        "verdict": str(result.verdict),
+        "reason": result.reason,
+        "reference": ref_version,
+        "report": store.url(report_rel),
+    }
