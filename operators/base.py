@@ -1,0 +1,143 @@
+"""The base operator every embedfresh job operator derives from.
+
+An operator is a job kind (which ``python -m jobs.<name>`` and its settings) times an
+execution mode (which runner). The runner is built lazily, so ``__init__`` does no I/O
+and DAG files parse fast; exit codes are mapped to Airflow reactions in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from jobs.exit_codes import ExitCode
+from operators.constants import ExecutionMode
+from operators.job_spec import JobSpec
+from operators.runners import JobResult, LocalRunner, Runner
+
+#: Exit codes that mean retrying cannot help: fail the task for good.
+NO_RETRY_EXIT_CODES: dict[int, str] = {
+    ExitCode.BAD_INPUT: "bad input or config",
+    ExitCode.GATE_REFUSED: "quality gate refused the model",
+    ExitCode.UNHEALTHY: "health check found a faulty device or link",
+}
+
+
+class EmbedfreshJobOperator(BaseOperator):
+    """Runs one data-plane job (``python -m jobs.<job_name>``) and returns its summary.
+
+    The job's JSON summary (its last stdout line) becomes the task's XCom
+    ``return_value``. Exit codes map to Airflow as the job contract says: 0 success;
+    2, 3, 4 fail without retry; 75 (transient) and anything else raise a retryable error.
+
+    Subclasses set :attr:`job_name` and may add settings in :meth:`job_specific_settings`.
+
+    :param artifact_root: root URL of the artifact store, ``file://`` or ``s3://`` (templated).
+    :param model: model config name, ``tiny`` or ``minilm`` (templated).
+    :param backend: accelerator backend, ``auto``, ``cpu`` or ``cuda`` (templated).
+    :param run_id: the job's run id, stable across retries so a retry resumes (templated).
+    :param job_settings: extra config fields of the job; they override the operator's
+        own (templated).
+    :param env: environment variables for the job (templated).
+    :param execution_mode: where the job runs; only ``local`` so far.
+    :param nproc_per_node: processes per node (data parallel under torchrun).
+    :raises AirflowFailException: exit code 2, 3 or 4 (no retry).
+    :raises AirflowException: exit code 75 or any other failure (retried per policy).
+    """
+
+    job_name: ClassVar[str]
+
+    template_fields: Sequence[str] = (
+        "artifact_root",
+        "model",
+        "backend",
+        "run_id",
+        "job_settings",
+        "env",
+    )
+    template_fields_renderers: ClassVar[dict[str, str]] = {"job_settings": "json", "env": "json"}
+    ui_color = "#e8f4fd"
+
+    def __init__(
+        self,
+        *,
+        artifact_root: str,
+        model: str = "tiny",
+        backend: str = "cpu",
+        run_id: str = "{{ run_id }}",
+        job_settings: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        execution_mode: str = ExecutionMode.LOCAL,
+        nproc_per_node: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.artifact_root = artifact_root
+        self.model = model
+        self.backend = backend
+        self.run_id = run_id
+        self.job_settings = job_settings or {}
+        self.env = env or {}
+        self.execution_mode = ExecutionMode(execution_mode)
+        self.nproc_per_node = nproc_per_node
+
+    @cached_property
+    def runner(self) -> Runner:
+        """The runner for :attr:`execution_mode`, built on first use."""
+        return LocalRunner()
+
+    def job_specific_settings(self) -> dict[str, Any]:
+        """Settings this job kind adds to the common ones (override in subclasses)."""
+        return {}
+
+    def build_job_spec(self) -> JobSpec:
+        settings = {
+            "artifact_root": self.artifact_root,
+            "model": self.model,
+            "backend": self.backend,
+            "run_id": self.run_id,
+            **self.job_specific_settings(),
+            **self.job_settings,
+        }
+        return JobSpec(
+            job=self.job_name,
+            settings=settings,
+            env=self.env,
+            nproc_per_node=self.nproc_per_node,
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec = self.build_job_spec()
+        result = self.runner.run(spec, self.log)
+        return self.handle_result(spec, result)
+
+    def handle_result(self, spec: JobSpec, result: JobResult) -> dict[str, Any]:
+        """Map a job's exit code to Airflow's reaction: the one place that does it."""
+        code = result.exit_code
+        if code == ExitCode.OK:
+            if result.summary is None:
+                raise AirflowException(
+                    f"{spec.module} exited 0 but printed no JSON summary as its last stdout line"
+                )
+            return result.summary
+        reason = result.last_error_line or "no message on stderr"
+        if code in NO_RETRY_EXIT_CODES:
+            raise AirflowFailException(
+                f"{spec.module} failed with exit code {code} "
+                f"({NO_RETRY_EXIT_CODES[code]}), not retrying: {reason}"
+            )
+        if code == ExitCode.TRANSIENT:
+            raise AirflowException(
+                f"{spec.module} hit a transient infrastructure fault (exit code {code}); "
+                f"a retry resumes run {spec.settings.get('run_id')}: {reason}"
+            )
+        raise AirflowException(f"{spec.module} crashed with exit code {code}: {reason}")
+
+    def on_kill(self) -> None:
+        # Only a runner that was built can have started anything.
+        if "runner" in self.__dict__:
+            self.runner.kill()

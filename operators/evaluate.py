@@ -1,0 +1,14 @@
+"""Evaluation of the run's model version on the fixed held-out set."""
+
+from __future__ import annotations
+
+from operators.base import EmbedfreshJobOperator
+
+
+class EvaluationOperator(EmbedfreshJobOperator):
+    """Evaluates model version ``run_id`` on the fixed eval split (``python -m jobs.evaluate``).
+
+    Writes ``eval.json`` with the metrics and the per-example outcomes the gate needs.
+    """
+
+    job_name = "evaluate"

@@ -1,0 +1,73 @@
+"""What a runner needs to start one data-plane job: program, settings, env, resources."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def encode_setting(value: Any) -> str:
+    """The ``value`` half of ``--set key=value``, as :func:`jobs.config.parse_override` reads it.
+
+    The job parses the value as JSON when it parses, else takes it as a string. A plain
+    string that would not parse as JSON stays raw (readable in the task log); anything
+    else, including strings such as ``"123"`` or ``"true"``, is JSON-encoded so it comes
+    back with its type.
+    """
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One run of ``python -m jobs.<job> --set key=value ...``.
+
+    :param job: the job's module under ``jobs`` (``train``, ``evaluate``, ``gate``, ...).
+    :param settings: config fields of the job, passed as ``--set`` overrides.
+    :param env: environment variables added to the runner's own.
+    :param nproc_per_node: processes per node; above 1 the job starts under torchrun.
+    """
+
+    job: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    nproc_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.job or not self.job.replace("_", "").isalnum():
+            raise ValueError(f"job must be a module name under jobs/, got {self.job!r}")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+
+    @property
+    def module(self) -> str:
+        return f"jobs.{self.job}"
+
+    def job_args(self) -> list[str]:
+        """``--set key=value`` for every setting, in the order given."""
+        args: list[str] = []
+        for key, value in self.settings.items():
+            args += ["--set", f"{key}={encode_setting(value)}"]
+        return args
+
+    def argv(self, python: str) -> list[str]:
+        """The command line: ``python -m jobs.X ...``, or under torchrun for data parallel."""
+        if self.nproc_per_node > 1:
+            launcher = [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(self.nproc_per_node),
+                "-m",
+                self.module,
+            ]
+        else:
+            launcher = [python, "-m", self.module]
+        return launcher + self.job_args()

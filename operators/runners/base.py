@@ -1,0 +1,41 @@
+"""The contract between an operator and the runner that executes its job spec."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from operators.job_spec import JobSpec
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How one job run ended.
+
+    :param exit_code: the job's exit status (negative: killed by that signal number).
+    :param summary: the JSON object the job printed as its last stdout line, if any.
+    :param tail: the last lines of the job's stderr, where errors are reported.
+    """
+
+    exit_code: int
+    summary: dict[str, Any] | None
+    tail: str
+
+    @property
+    def last_error_line(self) -> str:
+        """The last non-empty stderr line: the job's one-line error message on exit 2/3/4."""
+        for line in reversed(self.tail.splitlines()):
+            if line.strip():
+                return line.strip()
+        return ""
+
+
+class Runner(Protocol):
+    """Runs a job spec to completion somewhere, streaming its output into ``log``."""
+
+    def run(self, spec: JobSpec, log: logging.Logger) -> JobResult: ...
+
+    def kill(self) -> None:
+        """Stop the job started by :meth:`run` (called from ``on_kill``); idempotent."""
+        ...

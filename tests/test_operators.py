@@ -1,0 +1,364 @@
+"""The operators and the local runner, on real processes.
+
+The only stand-in is the command: ``ScriptRunner`` runs a small ``python -c`` program
+instead of ``python -m jobs.<job>`` so every exit code and failure mode is cheap to
+produce; streaming, the exit-code mapping, environment and kill are the real code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import textwrap
+import threading
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from jobs.config import parse_override
+from operators import (
+    EmbedfreshJobOperator,
+    EvaluationOperator,
+    IncrementalTrainingOperator,
+    JobSpec,
+    LocalRunner,
+    PromoteModelOperator,
+    QualityGateOperator,
+    model_asset,
+)
+from operators.promote import MODEL_PROMOTIONS_ALIAS
+from tests.conftest import ROOT
+
+PY = "/usr/bin/python3"
+
+
+# --- JobSpec ------------------------------------------------------------------------
+
+
+def test_argv_runs_the_job_module_with_one_set_per_setting():
+    spec = JobSpec("train", {"artifact_root": "file:///a b", "epochs": 3, "run_id": "r1"})
+    assert spec.argv(PY) == [
+        PY, "-m", "jobs.train",
+        "--set", "artifact_root=file:///a b",
+        "--set", "epochs=3",
+        "--set", "run_id=r1",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["r1", "manual__2026-01-01T00:00:00+00:00", "123", "true", "null", "", 3, 0.001, True,
+     None, ["accuracy", "auc"], {"a": [1, "x"]}, "2026-01-01", '{"not": "a dict"}'],
+)  # fmt: skip
+def test_every_setting_round_trips_through_the_jobs_parser(value: Any):
+    [_, item] = JobSpec("gate", {"key": value}).job_args()
+    assert parse_override(item) == ("key", value)
+
+
+def test_plain_strings_stay_readable_and_json_lookalikes_are_quoted():
+    args = JobSpec("gate", {"a": "file:///x", "b": "123", "c": "no_regression"}).job_args()
+    assert args[1::2] == ["a=file:///x", 'b="123"', "c=no_regression"]
+
+
+def test_data_parallel_launches_under_torchrun():
+    spec = JobSpec("train", {"run_id": "r1"}, nproc_per_node=4)
+    assert spec.argv(PY) == [
+        PY, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+        "-m", "jobs.train", "--set", "run_id=r1",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"job": ""}, {"job": "../x"}, {"job": "train", "nproc_per_node": 0}]
+)
+def test_invalid_specs_are_refused(kwargs: dict):
+    with pytest.raises(ValueError):
+        JobSpec(**kwargs)
+
+
+def test_operators_build_their_jobs_settings():
+    common = dict(artifact_root="file:///r", run_id="r1", model="minilm", backend="cuda")
+    train = IncrementalTrainingOperator(
+        task_id="t", **common, data_interval_start="2026-01-01", data_interval_end="2026-01-02",
+        epochs="3", job_settings={"max_steps": 5}, env={"OMP_NUM_THREADS": "2"},
+    )  # fmt: skip
+    spec = train.build_job_spec()
+    assert spec.job == "train" and spec.env == {"OMP_NUM_THREADS": "2"}
+    assert dict(spec.settings) == {
+        "artifact_root": "file:///r", "model": "minilm", "backend": "cuda", "run_id": "r1",
+        "data_interval_start": "2026-01-01", "data_interval_end": "2026-01-02",
+        "epochs": "3", "max_steps": 5,
+    }  # fmt: skip
+    gate = QualityGateOperator(task_id="g", **common, mode="parity", tolerance=0.002)
+    assert gate.build_job_spec().settings["mode"] == "parity"
+    assert gate.build_job_spec().settings["tolerance"] == 0.002
+    assert EvaluationOperator(task_id="e", **common).build_job_spec().job == "evaluate"
+    # job_settings win over the operator's own, so any config field can be set.
+    over = EvaluationOperator(task_id="e2", **common, job_settings={"run_id": "other"})
+    assert over.build_job_spec().settings["run_id"] == "other"
+
+
+def test_defaults_are_templates_and_dict_fields_render_as_json():
+    op = IncrementalTrainingOperator(task_id="t", artifact_root="{{ params.artifact_root }}")
+    assert op.run_id == "{{ run_id }}"
+    assert op.data_interval_start == "{{ data_interval_start | ds }}"
+    assert op.template_fields_renderers == {"job_settings": "json", "env": "json"}
+    with pytest.raises(ValueError):
+        EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="aws_batch")
+
+
+def test_promote_outlets_are_the_model_asset_or_the_alias_when_templated():
+    plain = PromoteModelOperator(task_id="p", artifact_root="file:///r", model="minilm")
+    assert plain.outlets == [model_asset("minilm")]
+    assert model_asset("minilm").uri == "embedfresh://models/minilm"
+    templated = PromoteModelOperator(task_id="q", artifact_root="r", model="{{ params.model }}")
+    assert [o.name for o in templated.outlets] == [MODEL_PROMOTIONS_ALIAS]
+
+
+# --- the local runner and the exit-code mapping -------------------------------------
+
+
+class ScriptRunner(LocalRunner):
+    """Runs ``spec.settings["code"]`` with ``python -c`` instead of ``python -m jobs.<job>``."""
+
+    def command(self, spec: JobSpec) -> list[str]:
+        return [self.python, "-c", spec.settings["code"]]
+
+
+class ScriptOperator(EmbedfreshJobOperator):
+    job_name = "script"
+
+    def __init__(self, *, code: str, kill_grace_s: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.code = textwrap.dedent(code)
+        self.kill_grace_s = kill_grace_s
+
+    def job_specific_settings(self) -> dict[str, Any]:
+        return {"code": self.code}
+
+    @cached_property
+    def runner(self) -> LocalRunner:
+        return ScriptRunner(kill_grace_s=self.kill_grace_s)
+
+
+def script(code: str, **kwargs: Any) -> ScriptOperator:
+    return ScriptOperator(task_id="script", artifact_root="file:///unused", code=code, **kwargs)
+
+
+def exits_with(code: int, summary: dict | None = None, error: str = "") -> str:
+    return f"""
+        import json, sys
+        print("working", file=sys.stderr)
+        {f"print({error!r}, file=sys.stderr)" if error else ""}
+        {f"print(json.dumps({summary!r}))" if summary is not None else ""}
+        sys.exit({code})
+    """
+
+
+def test_exit_0_returns_the_summary_for_xcom():
+    summary = {"status": "ok", "steps": 3}
+    assert script(exits_with(0, summary)).execute({}) == summary
+
+
+def test_exit_0_without_a_summary_is_a_retryable_failure():
+    with pytest.raises(AirflowException, match="no JSON summary") as info:
+        script(exits_with(0)).execute({})
+    assert type(info.value) is AirflowException
+
+
+@pytest.mark.parametrize(
+    "code, meaning",
+    [(2, "bad input"), (3, "quality gate refused"), (4, "health check")],
+)
+def test_exit_2_3_4_fail_without_retry_and_quote_the_jobs_error(code: int, meaning: str):
+    error = f"job: error: something precise went wrong ({code})"
+    with pytest.raises(AirflowFailException) as info:
+        script(exits_with(code, error=error)).execute({})
+    message = str(info.value)
+    assert f"exit code {code}" in message and meaning in message
+    assert message.endswith(error)
+
+
+@pytest.mark.parametrize("code, words", [(75, "transient"), (1, "crashed"), (139, "crashed")])
+def test_transient_and_unknown_exits_are_retryable(code: int, words: str):
+    with pytest.raises(AirflowException, match=words) as info:
+        script(exits_with(code, error="job: error: boom")).execute({})
+    assert type(info.value) is AirflowException  # not AirflowFailException: retried
+    assert "boom" in str(info.value)
+
+
+def test_a_real_job_failing_on_bad_input_fails_the_task_with_its_message(tmp_path: Path):
+    op = PromoteModelOperator(
+        task_id="promote", artifact_root=f"file://{tmp_path}", run_id="r1", model="tiny"
+    )
+    op.runner.cwd = str(ROOT)
+    with pytest.raises(AirflowFailException, match="promote: error: no gate report"):
+        op.execute({})
+
+
+class Recorder(logging.Handler):
+    """Collects log lines; calls ``on_line`` for each, as they arrive."""
+
+    def __init__(self, on_line=lambda line: None) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.on_line = on_line
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        self.lines.append(line)
+        self.on_line(line)
+
+
+def recording_logger(name: str, handler: Recorder) -> logging.Logger:
+    log = logging.getLogger(f"tests.operators.{name}")
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    return log
+
+
+def test_output_streams_into_the_log_while_the_job_runs(tmp_path: Path):
+    # The child waits for a file that only the log handler creates on seeing its first
+    # line: it exits 0 only if that line reached the log while the job was running.
+    flag = tmp_path / "seen"
+    code = f"""
+        import json, pathlib, sys, time
+        print("first line", flush=True)
+        print("a warning on stderr", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + 20
+        while not pathlib.Path({str(flag)!r}).exists():
+            if time.monotonic() > deadline:
+                sys.exit(9)
+            time.sleep(0.02)
+        print(json.dumps({{"seen": True}}))
+    """
+
+    def on_line(line: str) -> None:
+        if line == "first line":
+            flag.touch()
+
+    handler = Recorder(on_line)
+    result = ScriptRunner().run(
+        JobSpec("script", {"code": textwrap.dedent(code)}), recording_logger("stream", handler)
+    )
+    assert result.exit_code == 0 and result.summary == {"seen": True}
+    assert result.tail == "a warning on stderr"
+    assert {"first line", "a warning on stderr", '{"seen": true}'} <= set(handler.lines)
+
+
+def test_the_job_gets_the_worker_env_plus_its_own_and_offline_hub(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("EMBEDFRESH_TEST_WORKER", "worker")
+    code = """
+        import json, os
+        keys = ["EMBEDFRESH_TEST_WORKER", "EMBEDFRESH_TEST_SPEC", "HF_HUB_OFFLINE"]
+        print(json.dumps({k: os.environ.get(k) for k in keys}))
+    """
+    op = script(code, env={"EMBEDFRESH_TEST_SPEC": "spec"})
+    assert op.execute({}) == {
+        "EMBEDFRESH_TEST_WORKER": "worker",
+        "EMBEDFRESH_TEST_SPEC": "spec",
+        "HF_HUB_OFFLINE": "1",
+    }
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the worker's own choice wins over the default
+    assert script(code).execute({})["HF_HUB_OFFLINE"] == "0"
+
+
+# --- on_kill ----------------------------------------------------------------------------
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (exited, or a zombie waiting for its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SPAWNS_A_GRANDCHILD = """
+    import json, os, pathlib, signal, subprocess, sys, time
+    if {ignore_term}:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    pathlib.Path(os.environ["PIDS_FILE"]).write_text(json.dumps([os.getpid(), child.pid]))
+    time.sleep(120)
+"""
+
+
+def run_and_kill(tmp_path: Path, ignore_term: bool, grace: float = 5.0):
+    """Run the task in a thread, call on_kill once its processes are up.
+
+    Returns the job's and its child's pids, what execute() raised, and how long
+    on_kill took.
+    """
+    pids_file = tmp_path / "pids.json"
+    op = script(
+        SPAWNS_A_GRANDCHILD.format(ignore_term=ignore_term),
+        env={"PIDS_FILE": str(pids_file)},
+        kill_grace_s=grace,
+    )
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            op.execute({})
+        except Exception as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not pids_file.exists() or not pids_file.read_text():
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.02)
+    pids = json.loads(pids_file.read_text())
+    started = time.monotonic()
+    op.on_kill()
+    seconds = time.monotonic() - started
+    thread.join(15)
+    assert not thread.is_alive(), "execute() did not return after on_kill"
+    return pids, raised[0] if raised else None, seconds
+
+
+def test_on_kill_ends_the_whole_process_group_and_the_task_may_retry(tmp_path: Path):
+    pids, raised, seconds = run_and_kill(tmp_path, ignore_term=False)
+    assert len(pids) == 2 and wait_gone(pids), pids
+    assert seconds < 4  # SIGTERM was enough: no wait for the SIGKILL grace
+    assert type(raised) is AirflowException and "exit code -15" in str(raised)
+
+
+def test_on_kill_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Path):
+    pids, raised, seconds = run_and_kill(tmp_path, ignore_term=True, grace=0.5)
+    assert wait_gone(pids), pids
+    assert 0.4 < seconds < 4
+    assert type(raised) is AirflowException and "exit code -9" in str(raised)
+
+
+def test_on_kill_before_anything_ran_is_a_no_op():
+    script("pass").on_kill()
+    LocalRunner().kill()
+
+
+def test_the_runner_uses_the_workers_interpreter():
+    assert LocalRunner().python == sys.executable
+    assert LocalRunner(python="/opt/py").command(JobSpec("train")) == [
+        "/opt/py",
+        "-m",
+        "jobs.train",
+    ]
