@@ -126,7 +126,9 @@ class CheckpointManager:
         return self.store.url(directory)
 
     def _purge(self, keep_from: int) -> None:
-        committed = self.committed_steps()
+        # Count only checkpoints up to the one just saved: a newer one left by an earlier
+        # attempt (skipped as corrupt on resume) must not push the fresh one out.
+        committed = [s for s in self.committed_steps() if s <= keep_from]
         keep = set(committed[-self.keep_last :])
         for step in self._steps():
             if step in keep or step > keep_from:

@@ -70,6 +70,11 @@ def _translate_errors(method):
         except OSError as e:
             if e.errno in (errno.EROFS, errno.EACCES):
                 raise BadInputError(f"artifact root {self.root} is read-only: {e}") from e
+            if e.errno == errno.ENOTDIR and self.protocol == "file":
+                # A regular file where the root or one of its directories should be.
+                raise BadInputError(
+                    f"artifact root {self.root} is not a usable directory: {e}"
+                ) from e
             if _is_transient(e) or _is_transient(e.__cause__ or e):
                 raise TransientError(f"artifact store {self.root} unreachable: {e}") from e
             raise
@@ -269,8 +274,14 @@ class ArtifactStore:
         try:
             self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
         except Exception as e:
-            code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
-            if code in {"PreconditionFailed", "ConditionalRequestConflict"} or (
+            # s3fs re-raises the botocore ClientError as a builtin (FileExistsError for
+            # If-None-Match, OSError(EINVAL) for If-Match) with the original as __cause__.
+            # If-Match on a key deleted meanwhile answers 404: also a lost race.
+            codes = {_s3_error_code(e), _s3_error_code(e.__cause__)}
+            lost = {"PreconditionFailed", "ConditionalRequestConflict"}
+            if expected_etag is not None:
+                lost.add("NoSuchKey")
+            if codes & lost or (
                 "PreconditionFailed" in str(e) or "Precondition" in type(e).__name__
             ):
                 raise ConflictError(
@@ -278,6 +289,13 @@ class ArtifactStore:
                     f"{expected_etag}): a concurrent run won"
                 ) from e
             raise
+
+
+def _s3_error_code(exc: BaseException | None) -> str:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    return str(response.get("Error", {}).get("Code", ""))
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -190,6 +190,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     chash = config_hash(cfg, spec, data_fingerprint(examples), total)
     report_rel = layout.report(cfg.model, cfg.run_id, "train")
+    _check_writable(store, cfg)
 
     published = versions.is_committed(store, cfg.model, cfg.output_version)
     if published is not None:
@@ -287,6 +288,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     }
     store.write_json(report_rel, report)
     return _summary(report, store.url(report_rel))
+
+
+def _check_writable(store: ArtifactStore, cfg: TrainConfig) -> None:
+    """Fail before training, not after it, when the run's folder cannot be written."""
+    probe = f"{layout.run_dir(cfg.model, cfg.run_id)}/.write-probe"
+    store.write_bytes(probe, b"")
+    store.remove(probe)
 
 
 def _restore(

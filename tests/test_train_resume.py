@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,8 @@ def weights_sha(root: str, version: str) -> str:
 
 
 def train_until_killed(root: str, run_id: str, kill_at: int) -> int:
-    """Start training, SIGKILL it once it logs step ``kill_at``; returns the logged step."""
+    """Start training, SIGKILL it once it logs step ``kill_at`` (or, when it resumed at or
+    past that step, three steps after its resume point); returns the step it aimed at."""
     cmd = [
         sys.executable,
         "-m",
@@ -53,9 +55,13 @@ def train_until_killed(root: str, run_id: str, kill_at: int) -> int:
         stdout=subprocess.DEVNULL,
         text=True,
     )
+    target = kill_at
     try:
-        for line in proc.stderr:
-            if f" step {kill_at}/" in line:
+        for line in iter(proc.stderr.readline, ""):
+            resumed = re.search(r"resuming from .* \(step (\d+)\)", line)
+            if resumed and int(resumed.group(1)) + 3 > target:
+                target = int(resumed.group(1)) + 3
+            if f" step {target}/" in line:
                 os.kill(proc.pid, signal.SIGKILL)
                 break
         proc.wait(timeout=120)
@@ -63,7 +69,7 @@ def train_until_killed(root: str, run_id: str, kill_at: int) -> int:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
-    return kill_at
+    return target
 
 
 def train(root: str, run_id: str) -> dict:

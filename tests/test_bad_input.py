@@ -1,0 +1,321 @@
+"""Bad input ends a job with exit code 2 and one line ``<job>: error: ...`` on stderr
+that names the problem, and leaves nothing half-written in the store: no model
+version, no report, registry untouched.
+
+Each case runs the real program (``python -m jobs.train``) against a private copy of
+the generated data set, with the broken part written through pyarrow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.data.schema import EXAMPLE_SCHEMA
+from jobs.exit_codes import ExitCode
+from jobs.registry import Registry
+from jobs.storage import ArtifactStore
+from tests.conftest import ROOT, job_env, run_job
+
+RUN = "bad"
+START = "data_interval_start=2026-01-01"
+
+
+def _dir(root: str) -> Path:
+    return Path(root.removeprefix("file://"))
+
+
+def _part(root: str, day: str = "2026-01-01") -> Path:
+    return _dir(root) / f"datasets/products/train/dt={day}/part-00000.parquet"
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` (hidden ones included) with its sha256."""
+    if not directory.exists():
+        return {}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, job: str, *words: str) -> str:
+    assert result.returncode == ExitCode.BAD_INPUT, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stdout == "", "a failed job printed a summary"
+    lines = result.stderr.strip().splitlines()
+    errors = [ln for ln in lines if f"{job}: error:" in ln]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr[-3000:]
+    line = errors[0]
+    assert line.startswith(f"{job}: error: ")
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    return line
+
+
+def assert_nothing_published(root: str, before: dict[str, str], run_id: str = RUN) -> None:
+    base = _dir(root)
+    assert not (base / f"models/tiny/versions/{run_id}/COMMIT").exists()
+    assert not (base / f"runs/tiny/{run_id}/reports/train.json").exists()
+    assert snapshot(base) == before, "the failed job changed the store"
+
+
+# -- broken partitions -------------------------------------------------------------------
+
+
+def _rewrite(root: str, change: Callable[[pa.Table], pa.Table], day: str = "2026-01-01") -> None:
+    path = _part(root, day)
+    pq.write_table(change(pq.read_table(path)), path)
+
+
+def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def _with_value(name: str, row: int, value: float) -> Callable[[pa.Table], pa.Table]:
+    def change(table: pa.Table) -> pa.Table:
+        values = table.column(name).to_numpy().copy()
+        values[row] = value
+        return _set_column(table, name, pa.array(values, type=pa.float32()))
+
+    return change
+
+
+def _label_as_words(table: pa.Table) -> pa.Table:
+    words = ["relevant" if v else "irrelevant" for v in table.column("label").to_pylist()]
+    return _set_column(table, "label", pa.array(words, type=pa.string()))
+
+
+def _label_two(table: pa.Table) -> pa.Table:
+    labels = table.column("label").to_numpy().copy()
+    labels[5] = 2
+    return _set_column(table, "label", pa.array(labels, type=pa.int8()))
+
+
+def _null_query(table: pa.Table) -> pa.Table:
+    queries = table.column("query").to_pylist()
+    queries[9] = None
+    return _set_column(table, "query", pa.array(queries, type=pa.string()))
+
+
+def _not_parquet(root: str) -> None:
+    _part(root).write_bytes(b"this is not parquet\x00\xff" * 100)
+
+
+def _empty(root: str) -> None:
+    pq.write_table(EXAMPLE_SCHEMA.empty_table(), _part(root))
+
+
+CASES = {
+    "missing-partition": (
+        ["data_interval_start=2026-03-01"],
+        None,
+        ["missing training partition", "dt=2026-03-01"],
+    ),
+    "missing-day-inside-the-interval": (
+        [START, "data_interval_end=2026-01-04"],
+        None,
+        ["missing training partition", "dt=2026-01-03"],
+    ),
+    "empty-partition": ([START], _empty, ["empty training partition", "dt=2026-01-01"]),
+    "missing-column": (
+        [START],
+        lambda r: _rewrite(r, lambda t: t.drop_columns(["rating"])),
+        ["wrong schema", "dt=2026-01-01/part-00000.parquet", "missing columns ['rating']"],
+    ),
+    "label-as-string": (
+        [START],
+        lambda r: _rewrite(r, _label_as_words),
+        ["wrong schema", "dt=2026-01-01/part-00000.parquet", "label is string, expected int8"],
+    ),
+    "label-out-of-range": (
+        [START],
+        lambda r: _rewrite(r, _label_two),
+        ["label must be 0 or 1", "dt=2026-01-01/part-00000.parquet"],
+    ),
+    "null-in-a-column": (
+        [START],
+        lambda r: _rewrite(r, _null_query),
+        ["wrong schema", "query has 1 nulls"],
+    ),
+    "not-parquet": (
+        [START],
+        _not_parquet,
+        ["dt=2026-01-01/part-00000.parquet", "not a readable Parquet file"],
+    ),
+    "nan-feature": (
+        [START],
+        lambda r: _rewrite(r, _with_value("price", 17, np.nan)),
+        ["feature price", "NaN/inf", "row 17", "dt=2026-01-01/part-00000.parquet"],
+    ),
+    "inf-feature": (
+        [START],
+        lambda r: _rewrite(r, _with_value("rating", 3, np.inf)),
+        ["feature rating", "NaN/inf", "row 3"],
+    ),
+    "unknown-model": ([START, "model=huge"], None, ["unknown model config 'huge'"]),
+    "unknown-backend": ([START, "backend=tpu"], None, ["unknown backend 'tpu'"]),
+    "epochs-zero": ([START, "epochs=0"], None, ["invalid TrainConfig", "epochs"]),
+    "date-not-a-date": (
+        ["data_interval_start=notadate"],
+        None,
+        ["invalid TrainConfig", "data_interval_start"],
+    ),
+    "no-date": ([], None, ["invalid TrainConfig", "data_interval_start", "required"]),
+    "end-before-start": (
+        [START, "data_interval_end=2025-12-31"],
+        None,
+        ["empty data interval", "2025-12-31"],
+    ),
+    "unknown-param": ([START, "epoch=3"], None, ["invalid TrainConfig", "epoch"]),
+    "run-id-escapes": ([START, "run_id=../../etc"], None, ["invalid run id", "../../etc"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_train_bad_input(root, case):
+    sets, prepare, words = CASES[case]
+    if prepare is not None:
+        prepare(root)
+    before = snapshot(_dir(root))
+    result = run_job("train", f"artifact_root={root}", f"run_id={RUN}", *sets)
+    assert_one_line_error(result, "train", *words)
+    assert_nothing_published(root, before)
+
+
+# -- an artifact root that cannot be written -------------------------------------------------
+
+
+def test_root_under_a_regular_file(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the root's parent directory should be")
+    root = f"file://{blocker}/artifacts"
+    result = run_job("train", f"artifact_root={root}", f"run_id={RUN}", START)
+    assert_one_line_error(result, "train", "artifact root", str(blocker), "not a usable directory")
+    assert blocker.read_text().startswith("a file where")
+
+
+def test_run_directory_blocked_by_a_file(root):
+    """Data readable, but ``runs`` is a regular file: checkpoints cannot be written."""
+    (_dir(root) / "runs").write_text("blocks the runs/ directory")
+    before = snapshot(_dir(root))
+    result = run_job(
+        "train", f"artifact_root={root}", f"run_id={RUN}", START, "epochs=1", "init=base"
+    )
+    assert_one_line_error(result, "train", "artifact root", "not a usable directory")
+    assert_nothing_published(root, before)
+
+
+def _read_only_mount_works(directory: Path) -> bool:
+    probe = (
+        'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && ! touch "$1/.probe" 2>/dev/null'
+    )
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", probe, "sh", str(directory)],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and not (directory / ".probe").exists()
+
+
+def run_on_read_only_root(directory: Path, *sets: str) -> subprocess.CompletedProcess:
+    """Run train with ``directory`` read-only for the job alone.
+
+    As root, a private read-only bind mount (``unshare --mount``: the test process and
+    the rest of the machine keep a writable view, and nothing outlives the job); chmod
+    does not stop root. Otherwise the tree is made read-only by permissions.
+    """
+    args = [sys.executable, "-m", "jobs.train"]
+    for s in sets:
+        args += ["--set", s]
+    if os.geteuid() != 0:
+        dirs = [directory, *(p for p in directory.rglob("*") if p.is_dir())]
+        modes = {d: d.stat().st_mode for d in dirs}
+        for d in dirs:
+            d.chmod(stat.S_IMODE(modes[d]) & ~0o222)
+        try:
+            return subprocess.run(
+                args, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=600
+            )
+        finally:
+            for d in dirs:
+                d.chmod(stat.S_IMODE(modes[d]))
+    if shutil.which("unshare") is None or not _read_only_mount_works(directory):
+        pytest.skip("running as root without mount namespaces: cannot make a read-only root")
+    script = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && shift && exec "$@"'
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(directory), *args],
+        cwd=ROOT,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_read_only_root(root):
+    before = snapshot(_dir(root))
+    result = run_on_read_only_root(
+        _dir(root),
+        f"artifact_root={root}",
+        f"run_id={RUN}",
+        START,
+        "epochs=1",
+        "checkpoint_every=3",
+        "init=base",
+    )
+    assert_one_line_error(result, "train", "artifact root", root, "read-only")
+    assert_nothing_published(root, before)
+
+
+# -- versions are immutable; evaluation needs a version ------------------------------------
+
+
+def test_second_run_cannot_republish_a_version_with_another_config(root):
+    first = run_job(
+        "train", f"artifact_root={root}", "run_id=first", START, "max_steps=2", "init=base"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    store = ArtifactStore(root)
+    Registry(store, "tiny").promote("first", None, {"decision": "PASS"})
+    before = snapshot(_dir(root))
+    assert "models/tiny/versions/first/COMMIT" in before
+    assert "models/tiny/registry.json" in before
+
+    second = run_job(
+        "train",
+        f"artifact_root={root}",
+        "run_id=second",
+        "version=first",
+        START,
+        "max_steps=3",
+        "init=base",
+    )
+    assert_one_line_error(
+        second, "train", "model version first", "already exists from another configuration"
+    )
+    assert_nothing_published(root, before, run_id="second")
+    assert Registry(store, "tiny").production_version() == "first"
+
+
+def test_evaluate_a_version_that_does_not_exist(root):
+    before = snapshot(_dir(root))
+    result = run_job("evaluate", f"artifact_root={root}", "run_id=ev", "version=nope")
+    assert_one_line_error(result, "evaluate", "models/tiny/versions/nope", "not usable")
+    assert not (_dir(root) / "runs/tiny/ev/reports/eval.json").exists()
+    assert snapshot(_dir(root)) == before

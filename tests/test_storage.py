@@ -1,0 +1,236 @@
+"""The artifact store on a local disk and on S3 (moto's server on 127.0.0.1): whole
+objects, listings, removal, path safety, compare-and-swap and commit markers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from jobs import markers
+from jobs.exit_codes import BadInputError, ConflictError
+from jobs.storage import ArtifactStore
+
+_buckets = itertools.count()
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path) -> ArtifactStore:
+    """An empty store under a fresh root, on a local disk or in a fresh S3 bucket."""
+    if request.param == "file":
+        return ArtifactStore(f"file://{tmp_path / 'root'}")
+    import boto3
+
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"storage-{next(_buckets)}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return ArtifactStore(f"s3://{bucket}/some/prefix")
+
+
+def test_bytes_and_json_round_trip(store):
+    payload = bytes(range(256)) * 3
+    store.write_bytes("a/b/blob.bin", payload)
+    assert store.read_bytes("a/b/blob.bin") == payload
+    assert store.size("a/b/blob.bin") == len(payload)
+
+    doc = {"step": 7, "loss": [0.5, 0.25], "name": "tiny", "nested": {"ok": True}}
+    store.write_json("reports/train.json", doc)
+    assert store.read_json("reports/train.json") == doc
+
+    store.write_bytes("a/b/blob.bin", b"replaced")  # a rewrite replaces the whole object
+    assert store.read_bytes("a/b/blob.bin") == b"replaced"
+
+
+def test_read_json_of_garbage_is_bad_input(store):
+    store.write_bytes("broken.json", b"{not json")
+    with pytest.raises(BadInputError, match="not valid JSON"):
+        store.read_json("broken.json")
+
+
+def test_write_json_refuses_nan(store):
+    with pytest.raises(ValueError):
+        store.write_json("nan.json", {"loss": float("nan")})
+    assert not store.exists("nan.json")
+
+
+def test_missing_object(store):
+    assert not store.exists("nope/x.json")
+    assert store.etag("nope/x.json") is None
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("nope/x.json")
+
+
+def test_listdir_names_direct_children_only(store):
+    for rel in ("d/one.txt", "d/two.txt", "d/sub/deep.txt", "d/sub/deeper/x.txt", "other.txt"):
+        store.write_bytes(rel, rel.encode())
+    assert store.listdir("d") == ["one.txt", "sub", "two.txt"]
+    assert store.listdir("d/sub") == ["deep.txt", "deeper"]
+    assert store.listdir("") == ["d", "other.txt"]
+    assert store.listdir("does/not/exist") == []
+
+
+def test_exists_for_objects_and_directories(store):
+    store.write_bytes("x/y/z.bin", b"1")
+    assert store.exists("x/y/z.bin")
+    assert store.exists("x/y")
+    assert store.exists("x")
+    assert not store.exists("x/y/z.bi")
+    assert not store.exists("x/q")
+
+
+def test_remove_recursive(store):
+    for rel in ("ck/step-1/a", "ck/step-1/b", "ck/step-1/sub/c", "ck/step-2/a"):
+        store.write_bytes(rel, b"data")
+    store.remove("ck/step-1", recursive=True)
+    assert not store.exists("ck/step-1/a")
+    assert not store.exists("ck/step-1/sub/c")
+    assert store.listdir("ck") == ["step-2"]
+    assert store.read_bytes("ck/step-2/a") == b"data"
+
+    store.remove("ck/step-2/a")  # a single object
+    assert not store.exists("ck/step-2/a")
+    store.remove("ck/never-existed", recursive=True)  # removing nothing is not an error
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["../escape.txt", "a/../../escape.txt", "a/./b.txt", "runs/../../../etc/passwd"],
+)
+def test_path_traversal_is_rejected(store, rel):
+    with pytest.raises(BadInputError, match=r"'\.\.'"):
+        store.write_bytes(rel, b"x")
+    with pytest.raises(BadInputError):
+        store.read_bytes(rel)
+    with pytest.raises(BadInputError):
+        store.exists(rel)
+    with pytest.raises(BadInputError):
+        store.remove(rel, recursive=True)
+
+
+def test_path_traversal_writes_nothing_outside_the_root(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path / 'root'}")
+    with pytest.raises(BadInputError):
+        store.write_bytes("../outside.txt", b"x")
+    assert not (tmp_path / "outside.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "root, words",
+    [
+        ("gs://bucket/prefix", "unsupported scheme 'gs'"),
+        ("http://example.com/artifacts", "unsupported scheme 'http'"),
+        ("hdfs:///data", "unsupported scheme 'hdfs'"),
+        ("s3:///no-bucket", "names no bucket"),
+    ],
+)
+def test_unsupported_root_is_rejected(root, words):
+    with pytest.raises(BadInputError, match=words):
+        ArtifactStore(root)
+
+
+def test_plain_local_path_is_a_file_root(tmp_path):
+    store = ArtifactStore(str(tmp_path / "plain"))
+    store.write_bytes("k/v", b"1")
+    assert store.root == f"file://{tmp_path / 'plain'}"
+    assert (tmp_path / "plain" / "k" / "v").read_bytes() == b"1"
+
+
+def test_write_if_match_create_if_absent_succeeds_once(store):
+    store.write_if_match("models/tiny/registry.json", b'{"v": 1}', None)
+    assert store.read_bytes("models/tiny/registry.json") == b'{"v": 1}'
+    with pytest.raises(ConflictError, match="changed under us"):
+        store.write_if_match("models/tiny/registry.json", b'{"v": "other"}', None)
+    assert store.read_bytes("models/tiny/registry.json") == b'{"v": 1}'
+
+
+def test_write_if_match_stale_etag_conflicts(store):
+    store.write_if_match("registry.json", b"first", None)
+    stale = store.etag("registry.json")
+    store.write_if_match("registry.json", b"second", stale)
+    assert store.etag("registry.json") != stale
+    with pytest.raises(ConflictError):
+        store.write_if_match("registry.json", b"third", stale)
+    assert store.read_bytes("registry.json") == b"second"
+
+
+def test_write_if_match_correct_etag_succeeds(store):
+    store.write_bytes("registry.json", b"v1")
+    tag = store.etag("registry.json")
+    assert tag
+    store.write_if_match("registry.json", b"v2", tag)
+    assert store.read_bytes("registry.json") == b"v2"
+    tag2 = store.etag("registry.json")
+    store.write_if_match("registry.json", b"v3", tag2)
+    assert store.read_bytes("registry.json") == b"v3"
+
+
+def test_write_if_match_with_an_etag_on_a_missing_object_conflicts(store):
+    with pytest.raises(ConflictError):
+        store.write_if_match("absent.json", b"x", "0123456789abcdef")
+    assert not store.exists("absent.json")
+
+
+def _committed_dir(store: ArtifactStore) -> dict[str, bytes]:
+    files = {"model.safetensors": bytes(range(200)), "meta.json": json.dumps({"s": 1}).encode()}
+    for name, data in files.items():
+        store.write_bytes(f"ck/{name}", data)
+    markers.write_marker(store, "ck", files, meta={"step": 1})
+    return files
+
+
+def test_marker_verifies_an_intact_directory(store):
+    _committed_dir(store)
+    assert markers.verify(store, "ck").ok
+    marker = markers.read_marker(store, "ck")
+    assert marker["step"] == 1
+    assert set(marker["files"]) == {"model.safetensors", "meta.json"}
+
+
+def test_marker_detects_one_changed_byte(store):
+    files = _committed_dir(store)
+    data = bytearray(files["model.safetensors"])
+    data[100] ^= 0x01  # same size, one bit different
+    store.write_bytes("ck/model.safetensors", bytes(data))
+    check = markers.verify(store, "ck")
+    assert not check.ok
+    assert "model.safetensors" in check.reason and "checksum" in check.reason
+
+
+def test_marker_detects_truncation_and_missing_files(store):
+    files = _committed_dir(store)
+    store.write_bytes("ck/model.safetensors", files["model.safetensors"][:50])
+    check = markers.verify(store, "ck")
+    assert not check.ok and "50 bytes" in check.reason
+
+    store.write_bytes("ck/model.safetensors", files["model.safetensors"])
+    assert markers.verify(store, "ck").ok
+    store.remove("ck/meta.json")
+    check = markers.verify(store, "ck")
+    assert not check.ok and "meta.json is missing" in check.reason
+
+
+def test_directory_without_marker_or_with_a_garbage_marker_is_not_committed(store):
+    store.write_bytes("ck/model.safetensors", b"weights")
+    assert markers.read_marker(store, "ck") is None
+    assert not markers.verify(store, "ck").ok
+    store.write_bytes(f"ck/{markers.COMMIT}", b"\x00\x01 not json")
+    assert markers.read_marker(store, "ck") is None
+    assert not markers.verify(store, "ck").ok
+
+
+def test_concurrent_create_if_absent_has_exactly_one_winner(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(i: int) -> str:
+        try:
+            store.write_if_match("registry.json", f"writer {i}".encode(), None)
+        except ConflictError:
+            return "lost"
+        return f"writer {i}"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = list(pool.map(attempt, range(8)))
+    winners = [o for o in outcomes if o != "lost"]
+    assert len(winners) == 1, outcomes
+    assert store.read_bytes("registry.json") == winners[0].encode()
