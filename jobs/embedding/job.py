@@ -1,0 +1,310 @@
+"""The embed job: ``python -m jobs.embed --set version=v1 [--set shards=[0,1]]``.
+
+Per corpus shard ``corpora/{corpus}/part-NNNNN.parquet`` it writes
+``embeddings/{model}/{version}/{corpus}/part-NNNNN.parquet`` (id int64, embedding
+fixed_size_list<float32>[hidden], model_version string; rows in the corpus order) and
+then the shard's commit marker ``part-NNNNN.COMMIT`` (sha256 and size of the part, row
+count, timing; :mod:`jobs.markers`). A shard whose marker verifies is skipped, so a
+retry redoes only the shards a killed task had not committed, overwriting any partial
+output of those. ``_MANIFEST.json`` is written by the verifier once every shard is in
+(:mod:`jobs.embedding.verify`); this job removes a stale one before it writes anything.
+
+A background thread reads, validates and tokenises the next shard(s) while the current
+one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
+a fixed set of padded lengths under a token budget (:mod:`jobs.embedding.bucketing`).
+Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import layout, markers
+from jobs.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
+from jobs.embedding.config import LENGTH_CAP, EmbedConfig
+from jobs.embedding.shards import MANIFEST, commit_name, corpus_shards, read_corpus_shard
+from jobs.exit_codes import BadInputError
+from jobs.storage import ArtifactStore
+
+log = logging.getLogger("jobs.embed")
+
+
+@dataclass(frozen=True)
+class PreparedShard:
+    index: int
+    ids: np.ndarray
+    plan: Plan
+    truncated: int
+    read_seconds: float
+
+
+def output_schema(hidden: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), hidden), nullable=False),
+            pa.field("model_version", pa.string(), nullable=False),
+        ]
+    )
+
+
+def shard_bytes(ids: np.ndarray, vectors: np.ndarray, version: str) -> bytes:
+    n, hidden = vectors.shape
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
+    table = pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.int64()),
+            pa.FixedSizeListArray.from_arrays(flat, hidden),
+            pa.array([version] * n, pa.string()),
+        ],
+        schema=output_schema(hidden),
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+class _Prefetcher:
+    """Runs ``load`` over ``items`` in a thread, at most ``depth`` results ahead."""
+
+    _DONE = object()
+
+    def __init__(self, items: list[Any], load: Callable[[Any], Any], depth: int) -> None:
+        self._items = items
+        self._load = load
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="embed-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        for item in self._items:
+            if self._stop.is_set():
+                return
+            try:
+                result = self._load(item)
+            except BaseException as e:  # handed to the consumer, re-raised there
+                self._put(e)
+                return
+            if not self._put(result):
+                return
+        self._put(self._DONE)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=30)
+
+
+def embed(cfg: EmbedConfig) -> dict[str, Any]:
+    """Embed corpus shards with a model version; skip shards already committed."""
+    import torch
+    import torch.nn.functional as F
+
+    from jobs.backends import get_backend
+    from jobs.model import versions
+
+    started = time.perf_counter()
+    store = ArtifactStore(cfg.artifact_root)
+    backend = get_backend(cfg.backend)
+    version = versions.load(store, cfg.model, cfg.version)
+    spec = version.spec
+    hidden = spec.encoder.hidden_size
+    cap = min(spec.encoder.max_position_embeddings, LENGTH_CAP)
+    max_length = min(cfg.max_length or spec.max_length, cap)
+    lengths = padded_lengths(cfg.lengths, max_length)
+
+    corpus_dir = layout.corpus(cfg.corpus)
+    out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
+    available = corpus_shards(store, cfg.corpus)
+    wanted = list(available) if cfg.shards is None else cfg.shards
+    unknown = [i for i in wanted if i not in available]
+    if unknown:
+        raise BadInputError(
+            f"shards {unknown} do not exist in corpus {store.url(corpus_dir)} "
+            f"(it has {len(available)} shards: {list(available)[:10]}...)"
+        )
+
+    skipped, todo = [], []
+    for i in wanted:
+        marker = markers.read_marker(store, out_dir, commit_name(i))
+        if (
+            marker is not None
+            and marker.get("version") == cfg.version
+            and markers.verify(store, out_dir, commit_name(i)).ok
+        ):
+            skipped.append(i)
+        else:
+            todo.append(i)
+    if skipped:
+        log.info("shards %s already committed in %s: skipped", skipped, store.url(out_dir))
+    if todo and store.exists(f"{out_dir}/{MANIFEST}"):
+        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
+        store.remove(f"{out_dir}/{MANIFEST}")
+
+    tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
+    # Ids of the shards read so far, to refuse ids repeated across this task's shards.
+    seen: list[np.ndarray] = []  # at most one sorted array of all ids
+    shard_ids: list[tuple[int, np.ndarray]] = []
+
+    def prepare(index: int) -> PreparedShard:
+        t0 = time.perf_counter()
+        rel = f"{corpus_dir}/{available[index]}"
+        ids, texts = read_corpus_shard(store, rel)
+        if seen:
+            common = np.intersect1d(ids, seen[0], assume_unique=True)
+            if len(common):
+                other = next(i for i, o in shard_ids if np.isin(common[:1], o).any())
+                raise BadInputError(
+                    f"corpus shard {store.url(rel)} repeats {len(common)} ids of shard "
+                    f"{available[other]} (e.g. {common[:5].tolist()}): ids must be unique"
+                )
+            seen[0] = np.union1d(seen[0], ids)
+        else:
+            seen.append(np.sort(ids))
+        shard_ids.append((index, ids))
+        token_ids, truncated = tokenizer(texts)
+        plan = make_batches(token_ids, lengths, cfg.token_budget, static=cfg.static_batches)
+        return PreparedShard(index, ids, plan, truncated, time.perf_counter() - t0)
+
+    model = versions.instantiate(version).to(backend.device)
+    model.eval()
+    totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
+    embed_seconds = 0.0
+    shapes: set[tuple[int, int]] = set()
+    done = []
+    prefetcher = _Prefetcher(todo, prepare, cfg.prefetch)
+    try:
+        for shard in prefetcher:
+            t0 = time.perf_counter()
+            n = len(shard.ids)
+            vectors = np.zeros((n, hidden), dtype=np.float32)
+            with torch.inference_mode():
+                for batch in shard.plan.batches:
+                    dev = backend.to_device(
+                        {
+                            "ids": torch.from_numpy(batch.input_ids),
+                            "mask": torch.from_numpy(batch.attention_mask),
+                        }
+                    )
+                    with backend.autocast():
+                        out = model.embed(dev["ids"], dev["mask"])
+                    backend.mark_step()
+                    out = F.normalize(out[: batch.real].float(), p=2, dim=1)
+                    vectors[batch.index] = out.to("cpu").numpy()
+                    shapes.add(tuple(batch.input_ids.shape))
+            seconds = time.perf_counter() - t0
+            embed_seconds += seconds
+            name = layout.part_name(shard.index)
+            data = shard_bytes(shard.ids, vectors, cfg.version)
+            store.write_bytes(f"{out_dir}/{name}", data)
+            markers.write_marker(
+                store,
+                out_dir,
+                {name: data},
+                meta={
+                    "kind": "embedding-shard",
+                    "shard": shard.index,
+                    "rows": n,
+                    "hidden": hidden,
+                    "model": cfg.model,
+                    "version": cfg.version,
+                    "corpus": cfg.corpus,
+                    "source": store.url(f"{corpus_dir}/{available[shard.index]}"),
+                    "embed_seconds": round(seconds, 6),
+                    "truncated": shard.truncated,
+                    "real_tokens": shard.plan.real_tokens,
+                    "padded_tokens": shard.plan.padded_tokens,
+                    "run_id": cfg.run_id,
+                },
+                name=commit_name(shard.index),
+            )
+            log.info(
+                "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated)",
+                shard.index,
+                n,
+                seconds,
+                n / max(seconds, 1e-9),
+                shard.truncated,
+            )
+            done.append(shard.index)
+            totals["rows"] += n
+            totals["truncated"] += shard.truncated
+            totals["real_tokens"] += shard.plan.real_tokens
+            totals["padded_tokens"] += shard.plan.padded_tokens
+            totals["batches"] += len(shard.plan.batches)
+    finally:
+        prefetcher.close()
+
+    wall = time.perf_counter() - started
+    report = {
+        "status": "ok",
+        "model": cfg.model,
+        "run_id": cfg.run_id,
+        "version": cfg.version,
+        "version_url": version.url,
+        "corpus": cfg.corpus,
+        "output": store.url(out_dir),
+        "shards_requested": wanted,
+        "shards_done": done,
+        "shards_skipped": skipped,
+        **totals,
+        "padding_efficiency": (
+            round(totals["real_tokens"] / totals["padded_tokens"], 6)
+            if totals["padded_tokens"]
+            else None
+        ),
+        "sentences_per_s": round(totals["rows"] / embed_seconds, 3) if embed_seconds else None,
+        "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
+        "embed_seconds": round(embed_seconds, 6),
+        "wall_seconds": round(wall, 3),
+        "max_length": max_length,
+        "lengths": list(lengths),
+        "token_budget": cfg.token_budget,
+        "static_batches": cfg.static_batches,
+        "shapes": sorted([list(s) for s in shapes]),
+        **backend.metadata(),
+    }
+    report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
+    store.write_json(report_rel, report)
+    return {
+        "status": "ok",
+        "rows": totals["rows"],
+        "shards_done": done,
+        "shards_skipped": skipped,
+        "output": store.url(out_dir),
+        "report": store.url(report_rel),
+    }

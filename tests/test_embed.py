@@ -1,0 +1,282 @@
+"""The embed job and its verifier: exact ids, bucketing that does not change vectors,
+idempotent retries after a SIGKILL, and a specific outcome for each kind of bad corpus."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import ROOT, job_env, run_job
+
+from jobs import cli, layout
+from jobs.checkpoint import cpu_state_dict
+from jobs.data.reader import read_parquet
+from jobs.embedding.bucketing import make_batches, padded_lengths
+from jobs.embedding.config import EmbedConfig
+from jobs.embedding.job import embed
+from jobs.embedding.verify import verify
+from jobs.model import versions
+from jobs.model.presets import get_spec
+from jobs.model.tokenizer import TextTokenizer
+from jobs.storage import ArtifactStore
+
+OUT = "embeddings/tiny/v1/{corpus}"
+
+
+def _publish(root: str) -> ArtifactStore:
+    store = ArtifactStore(root)
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v1", cpu_state_dict(versions.build_model(spec, 0)), {})
+    return store
+
+
+def _corpus(store: ArtifactStore, name: str, shards: list[pa.Table]) -> None:
+    for i, table in enumerate(shards):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        store.write_bytes(
+            f"{layout.corpus(name)}/{layout.part_name(i)}", sink.getvalue().to_pybytes()
+        )
+
+
+def _table(ids, texts, text_type: pa.DataType | None = None) -> pa.Table:
+    text = pa.array(texts, text_type or pa.string())
+    return pa.table({"id": pa.array(ids, pa.int64()), "text": text})
+
+
+def _products(store: ArtifactStore) -> tuple[np.ndarray, list[str]]:
+    tables = [read_parquet(store, f"corpora/products/{layout.part_name(i)}") for i in range(3)]
+    t = pa.concat_tables(tables)
+    return t.column("id").to_numpy(), t.column("text").to_pylist()
+
+
+def _outputs(store: ArtifactStore, corpus: str) -> tuple[np.ndarray, np.ndarray]:
+    out = OUT.format(corpus=corpus)
+    names = sorted(n for n in store.listdir(out) if n.endswith(".parquet"))
+    t = pa.concat_tables([read_parquet(store, f"{out}/{n}") for n in names])
+    hidden = t.schema.field("embedding").type.list_size
+    vectors = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(-1, hidden)
+    return t.column("id").to_numpy(), vectors
+
+
+def _reference(store: ArtifactStore, texts: list[str]) -> np.ndarray:
+    """Each text tokenised alone at the max length and embedded alone."""
+    version = versions.load(store, "tiny", "v1")
+    model = versions.instantiate(version).eval()
+    tok = TextTokenizer(version.tokenizer_json, version.spec.max_length)
+    out = []
+    with torch.inference_mode():
+        for text in texts:
+            t = tok([text])
+            out.append(
+                model.embed(torch.from_numpy(t.input_ids), torch.from_numpy(t.attention_mask))
+            )
+    return torch.cat(out).numpy()
+
+
+def _in_process(root: str, *sets: str, fn=embed) -> int:
+    argv = []
+    for s in (f"artifact_root={root}", "model=tiny", "version=v1", *sets):
+        argv += ["--set", s]
+    return cli.run_job("embed", EmbedConfig, fn, argv)
+
+
+def _cfg(root: str, **kw) -> EmbedConfig:
+    return EmbedConfig(artifact_root=root, model="tiny", version="v1", **kw)
+
+
+def test_bucketing_static_shapes_and_order() -> None:
+    assert padded_lengths([16, 32, 64, 128, 256], 32) == (16, 32)
+    assert padded_lengths([16, 64], 40) == (16, 40)
+    tokens = [[1] * n for n in (3, 20, 16, 17, 2, 32, 5)]
+    plan = make_batches(tokens, (16, 32), token_budget=64, static=True)
+    assert {b.input_ids.shape for b in plan.batches} == {(4, 16), (2, 32)}
+    index = np.concatenate([b.index for b in plan.batches])
+    assert sorted(index.tolist()) == list(range(len(tokens)))
+    for b in plan.batches:
+        for row, pos in enumerate(b.index):
+            assert b.attention_mask[row].sum() == len(tokens[pos]) <= b.length
+        assert b.attention_mask[b.real :].sum() == 0  # dummy rows
+    assert plan.real_tokens == sum(map(len, tokens))
+    assert plan.padded_tokens == sum(b.input_ids.size for b in plan.batches)
+
+
+def test_embed_matches_corpus_and_single_text_embedding(root: str) -> None:
+    store = _publish(root)
+    base = ("artifact_root=" + root, "model=tiny", "version=v1", "corpus=products")
+    first = run_job("embed", *base, "shards=[0,1]")
+    assert first.returncode == 0, first.stderr
+    assert not store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
+    second = run_job("embed", *base, "shards=[2]")
+    assert second.returncode == 0, second.stderr
+    rep01 = store.read_json("runs/tiny/manual/reports/embed-0-1.json")
+    rep2 = store.read_json("runs/tiny/manual/reports/embed-2.json")
+    assert rep01["shards_done"] == [0, 1] and rep2["shards_done"] == [2]
+    assert rep01["rows"] + rep2["rows"] == 600
+    assert 0 < rep01["padding_efficiency"] <= 1 and rep01["sentences_per_s"] > 0
+    assert rep01["shapes"] == [[128, 32]]  # one static shape per used length
+
+    ids, texts = _products(store)
+    out_ids, vectors = _outputs(store, "products")
+    np.testing.assert_array_equal(out_ids, ids)
+    ref = _reference(store, texts)
+    cos = (vectors * ref).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(vectors, axis=1)
+    assert cos.min() >= 0.99999, cos.min()
+
+    check = run_job("embed_verify", *base)
+    assert check.returncode == 0, check.stderr
+    out = Path(store.path(OUT.format(corpus="products")))
+    manifest = json.loads((out / "_MANIFEST.json").read_text())
+    assert manifest["rows"] == 600 and manifest["version"] == "v1"
+    assert {k: v["rows"] for k, v in manifest["parts"].items()} == {
+        layout.part_name(i): 200 for i in range(3)
+    }
+    assert manifest["throughput"]["sentences_per_s"] > 0
+    newest_other = max(p.stat().st_mtime_ns for p in out.iterdir() if p.name != "_MANIFEST.json")
+    assert (out / "_MANIFEST.json").stat().st_mtime_ns >= newest_other
+
+    # All committed: a rerun skips everything and keeps the manifest.
+    assert _in_process(root, "corpus=products") == 0
+    assert store.read_json("runs/tiny/manual/reports/embed.json")["shards_skipped"] == [0, 1, 2]
+    assert store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
+
+
+def test_buckets_of_mixed_lengths_do_not_change_vectors(root: str) -> None:
+    store = _publish(root)
+    words = "wireless noise cancelling headphones with long battery life and soft case".split()
+    texts = [" ".join(words[: 1 + i % len(words)]) * (1 + i % 4) for i in range(150)]
+    texts += ["", "a", "very " * 100]
+    _corpus(store, "mixed", [_table(range(1000, 1000 + len(texts)), texts)])
+    assert _in_process(root, "corpus=mixed", "token_budget=512") == 0
+    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    assert report["shapes"] == [[16, 32], [32, 16]]
+    out_ids, vectors = _outputs(store, "mixed")
+    np.testing.assert_array_equal(out_ids, np.arange(1000, 1000 + len(texts)))
+    ref = _reference(store, texts)
+    assert ((vectors * ref).sum(1)).min() >= 0.99999
+    assert verify(_cfg(root, corpus="mixed"))["rows"] == len(texts)
+
+
+def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
+    store = _publish(root)
+    ids, texts = _products(store)
+    big = 20  # shard 1 takes seconds, so the kill lands while it is being embedded
+    _corpus(
+        store,
+        "killme",
+        [
+            _table(ids[:50], texts[:50]),
+            _table(np.arange(10**6, 10**6 + big * 600), texts * big),
+            _table(ids[50:100], texts[50:100]),
+        ],
+    )
+    sets = [f"artifact_root={root}", "model=tiny", "version=v1", "corpus=killme"]
+    cmd = [sys.executable, "-m", "jobs.embed"] + [a for s in sets for a in ("--set", s)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        for line in proc.stderr:
+            if "shard 0 committed" in line:
+                proc.send_signal(signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    out = OUT.format(corpus="killme")
+    assert store.exists(f"{out}/part-00000.COMMIT")
+    assert not store.exists(f"{out}/part-00001.COMMIT")
+    # What a half-written upload would leave: the retry must overwrite it.
+    store.write_bytes(f"{out}/part-00001.parquet", b"partial garbage")
+    bad = run_job("embed_verify", *sets)
+    assert bad.returncode == 2 and "part-00001.parquet: not committed" in bad.stderr
+
+    retry = run_job("embed", *sets)
+    assert retry.returncode == 0, retry.stderr
+    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    assert report["shards_skipped"] == [0] and report["shards_done"] == [1, 2]
+    out_ids, vectors = _outputs(store, "killme")
+    assert len(out_ids) == len(np.unique(out_ids)) == 100 + big * 600
+    ok = run_job("embed_verify", *sets)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["rows"] == 100 + big * 600
+
+
+@pytest.mark.parametrize(
+    ("shards", "message"),
+    [
+        ([pa.table({"id": pa.array([1, 2], pa.int64()), "body": ["a", "b"]})], "missing columns"),
+        ([_table([1, 2], [b"a", b"b"], pa.binary())], "text is binary, expected string"),
+        ([pa.table({"id": ["1"], "text": ["a"]})], "id is string, expected int64"),
+        ([_table([], [])], "empty corpus shard"),
+        ([_table([1, 2, 2], ["a", "b", "c"])], "1 duplicate ids"),
+        ([_table([1, 2], ["a", "b"]), _table([3, 1], ["c", "d"])], "repeats 1 ids of shard"),
+        ([_table([1, 2, 3], ["a", None, "c"])], "1 null texts (first at row 1)"),
+    ],
+    ids=["schema", "binary", "id-type", "empty", "dup-in-shard", "dup-across", "null-text"],
+)
+def test_bad_corpus_exits_2_naming_the_shard(
+    root: str, shards: list[pa.Table], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    store = _publish(root)
+    _corpus(store, "bad", shards)
+    assert _in_process(root, "corpus=bad") == 2
+    err = capsys.readouterr().err
+    assert message in err and "corpora/bad/part-0000" in err, err
+
+
+def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:
+    store = _publish(root)
+    texts = ["lorem ipsum dolor " * 400, "short text", "x " * 31, "x " * 29]
+    _corpus(store, "long", [_table([1, 2, 3, 4], texts)])
+    assert _in_process(root, "corpus=long") == 0
+    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    assert report["truncated"] == 2 and report["rows"] == 4
+    assert verify(_cfg(root, corpus="long"))["rows"] == 4
+
+
+def test_verify_refuses_gaps_and_bad_vectors(root: str, capsys: pytest.CaptureFixture) -> None:
+    store = _publish(root)
+    assert _in_process(root, "corpus=products", "shards=[0,2]") == 0
+    assert _in_process(root, "corpus=products", fn=verify) == 2
+    assert "part-00001.parquet: not committed" in capsys.readouterr().err
+    assert not store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
+    # A NaN vector in a committed part (re-committed so the checksum matches).
+    from jobs import markers
+    from jobs.embedding.job import shard_bytes
+    from jobs.embedding.shards import commit_name
+
+    out = OUT.format(corpus="products")
+    t = read_parquet(store, f"{out}/part-00002.parquet")
+    vectors = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
+    vectors = vectors.copy()
+    vectors[3] = np.nan
+    data = shard_bytes(t.column("id").to_numpy(), vectors, "v1")
+    store.write_bytes(f"{out}/part-00002.parquet", data)
+    meta = store.read_json(f"{out}/{commit_name(2)}")
+    meta.pop("files")
+    markers.write_marker(store, out, {"part-00002.parquet": data}, meta, name=commit_name(2))
+    assert _in_process(root, "corpus=products", "shards=[1]") == 0
+    assert _in_process(root, "corpus=products", fn=verify) == 2
+    assert "part-00002.parquet: 1 vectors with NaN/inf" in capsys.readouterr().err
+
+
+def test_verify_finds_ids_repeated_across_tasks(root: str, capsys: pytest.CaptureFixture) -> None:
+    store = _publish(root)
+    _corpus(store, "dupx", [_table([1, 2], ["a", "b"]), _table([3, 2], ["c", "d"])])
+    # Two mapped tasks each see one shard, so only the verifier can catch the repeat.
+    assert _in_process(root, "corpus=dupx", "shards=[0]") == 0
+    assert _in_process(root, "corpus=dupx", "shards=[1]") == 0
+    assert _in_process(root, "corpus=dupx", fn=verify) == 2
+    assert "1 ids appear in more than one corpus shard" in capsys.readouterr().err
+    assert not store.exists(f"{OUT.format(corpus='dupx')}/_MANIFEST.json")
