@@ -25,12 +25,19 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
     if not store.exists(rel):
         raise BadInputError(f"no gate report {store.url(rel)}: run the gate job first")
     decision = store.read_json(rel)
+    if not isinstance(decision, dict):
+        raise BadInputError(f"gate report {store.url(rel)} is not a JSON object")
     verdict = decision.get("verdict")
     if verdict != "PASS":
         raise GateRefusedError(
             f"gate verdict is {verdict} for run {cfg.run_id}: production stays as it is"
         )
-    candidate = decision["candidate"]["version"]
+    try:
+        candidate = decision["candidate"]["version"]
+        reference = decision["reference"]["version"]
+        metrics = {m["metric"]: m.get("d") for m in decision.get("metrics", [])}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise BadInputError(f"gate report {store.url(rel)} is malformed ({e!r})") from e
     registry = Registry(store, cfg.model)
     doc = registry.promote(
         candidate,
@@ -39,8 +46,8 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
             "run_id": cfg.run_id,
             "verdict": verdict,
             "mode": decision.get("mode"),
-            "reference": decision["reference"]["version"],
-            "d": {m["metric"]: m.get("d") for m in decision.get("metrics", [])},
+            "reference": reference,
+            "d": metrics,
             "gate_report": store.url(rel),
         },
     )

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from jobs import layout
 from jobs.config import EvaluateConfig, GateConfig
+from jobs.data.reader import read_parquet
 from jobs.exit_codes import BadInputError, GateRefusedError
 from jobs.gate.decision import GateResult, gate
 from jobs.gate.plot import intervals_svg
@@ -57,8 +57,12 @@ def load_outcomes(store: ArtifactStore, report: dict[str, Any]) -> dict[str, dic
     tables = {}
     for key, url in (("examples", examples_url), ("queries", queries_url)):
         rel = url.removeprefix(store.url("")).lstrip("/")
-        with store.open_read(rel) as f:
-            tables[key] = pq.read_table(f)
+        try:
+            tables[key] = read_parquet(store, rel)
+        except (FileNotFoundError, BadInputError) as e:
+            raise BadInputError(
+                f"eval outcomes {url} are missing or unreadable ({e}): run the evaluate job again"
+            ) from e
     ex, qs = tables["examples"], tables["queries"]
     return {
         "relevance": {
@@ -111,8 +115,17 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
             f"no eval report for version {cfg.candidate_version} in run {cfg.run_id}: "
             "run the evaluate job first"
         )
+    if candidate.get("dataset") != cfg.dataset:
+        raise BadInputError(
+            f"the eval report of run {cfg.run_id} is on data set {candidate.get('dataset')!r}, "
+            f"the gate asks for {cfg.dataset!r}: evaluate the candidate on {cfg.dataset!r} first"
+        )
     reference = _eval_report(store, cfg, REFERENCE_REPORT)
-    if reference is None or reference.get("version") != ref_version:
+    if (
+        reference is None
+        or reference.get("version") != ref_version
+        or reference.get("dataset") != cfg.dataset
+    ):
         evaluate(
             EvaluateConfig(
                 artifact_root=cfg.artifact_root,
@@ -166,7 +179,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     log.info("gate %s: %s", result.verdict, result.reason)
     if not result.passed:
         raise GateRefusedError(
-            f"{result.verdict}: {result.reason} (candidate {cfg.candidate_version} vs "
+            f"{result.reason} (candidate {cfg.candidate_version} vs "
             f"{source} {ref_version}; report {store.url(report_rel)})"
         )
     return {
