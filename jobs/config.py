@@ -38,7 +38,7 @@ class JobConfig(BaseModel):
     run_id: str = "manual"
     """Stable across retries of one task, so a retry resumes instead of restarting."""
     backend: str = "cpu"
-    """Accelerator backend: ``auto``, ``cpu`` or ``cuda``."""
+    """Accelerator backend: ``auto``, ``cpu``, ``cuda``, ``xla`` or ``neuron``."""
 
     @field_validator("run_id")
     @classmethod

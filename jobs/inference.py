@@ -26,7 +26,6 @@ def _fixed_batches(n: int, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
         yield index, real
 
 
-@torch.inference_mode()
 def score(
     model: RelevanceModel,
     backend: Backend,
@@ -36,6 +35,18 @@ def score(
     batch_size: int,
 ) -> np.ndarray:
     """Relevance probabilities (float64 [n]) of aligned (query, product, features) rows."""
+    with backend.inference():
+        return _score(model, backend, queries, products, features, batch_size)
+
+
+def _score(
+    model: RelevanceModel,
+    backend: Backend,
+    queries: Tokenized,
+    products: Tokenized,
+    features: np.ndarray,
+    batch_size: int,
+) -> np.ndarray:
     model.eval()
     out = []
     for index, real in _fixed_batches(len(features), batch_size):
@@ -55,11 +66,17 @@ def score(
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
 
-@torch.inference_mode()
 def embed(
     model: RelevanceModel, backend: Backend, tokens: Tokenized, batch_size: int
 ) -> np.ndarray:
     """L2-normalised embeddings (float32 [n, hidden]) of tokenised texts."""
+    with backend.inference():
+        return _embed(model, backend, tokens, batch_size)
+
+
+def _embed(
+    model: RelevanceModel, backend: Backend, tokens: Tokenized, batch_size: int
+) -> np.ndarray:
     model.eval()
     out = []
     for index, real in _fixed_batches(len(tokens.input_ids), batch_size):

@@ -35,6 +35,11 @@ from jobs.storage import ArtifactStore
 
 log = logging.getLogger("jobs.train")
 
+#: Steps of an attempt that may trace new graphs: the first one traces forward+backward
+#: and the optimizer's state initialisation (a one-off graph on XLA), the second the
+#: steady-state update. Any compilation after them is a recompile (``compiles_after_warmup``).
+WARMUP_STEPS = 2
+
 
 @dataclass(frozen=True)
 class TrainingSet:
@@ -129,22 +134,33 @@ def make_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(backend: Backend | None = None) -> dict[str, Any]:
     py = random.getstate()
     np_state = np.random.get_state()
-    return {
+    state = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
         "torch": torch.get_rng_state(),
     }
+    device = None if backend is None else backend.device_rng_state()
+    if device is not None:  # an XLA device draws dropout masks from its own generator
+        state["device"] = {"backend": backend.name, "state": device}
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], backend: Backend | None = None, seed: int = 0) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_state = state["numpy"]
     np.random.set_state((np_state[0], np.asarray(np_state[1], dtype=np.uint32), *np_state[2:]))
     torch.set_rng_state(state["torch"])
+    if backend is None:
+        return
+    device = state.get("device")
+    if device is not None and device.get("backend") == backend.name:
+        backend.set_device_rng_state(device["state"])
+    else:  # written on another backend: a deterministic stream for this one
+        backend.seed(seed)
 
 
 def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) -> dict[str, Any]:
@@ -220,13 +236,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     first_step = 0
     loss_curve: list[list[float]] = []
     if checkpoint is not None:
-        first_step = _restore(checkpoint, optimizer, schedule)
+        first_step = _restore(checkpoint, optimizer, schedule, backend, cfg.seed)
         loss_curve = checkpoint.meta.get("loss_curve", [])
     else:
         torch.manual_seed(cfg.seed)  # dropout stream independent of how init was reached
+        backend.seed(cfg.seed)
 
     loop_started = time.perf_counter()
-    loss_curve = _loop(
+    loss_curve, compiles_after_warmup = _loop(
         cfg,
         backend,
         model,
@@ -283,7 +300,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "final_loss": loss_curve[-1][1] if loss_curve else None,
         "checkpoint_every": cfg.checkpoint_every,
         "config_hash": chash,
-        "compiles_after_warmup": backend.compiles(),
+        "compiles_after_warmup": compiles_after_warmup,
+        "compiles": backend.compiles(),
         **backend.metadata(),
     }
     store.write_json(report_rel, report)
@@ -301,10 +319,12 @@ def _restore(
     checkpoint: Checkpoint,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LambdaLR,
+    backend: Backend,
+    seed: int,
 ) -> int:
     optimizer.load_state_dict(checkpoint.state["optimizer"])
     schedule.load_state_dict(checkpoint.state["schedule"])
-    set_rng_state(checkpoint.state["rng"])
+    set_rng_state(checkpoint.state["rng"], backend, seed=seed * 1_000_003 + checkpoint.step)
     return checkpoint.step
 
 
@@ -322,10 +342,24 @@ def _loop(
     batch_size: int,
     init: dict[str, Any],
     loss_curve: list[list[float]],
-) -> list[list[float]]:
+) -> tuple[list[list[float]], int]:
+    """Steps ``first_step..total``; returns the loss curve and the graph compilations
+    after this attempt's first :data:`WARMUP_STEPS` steps. With fixed shapes it is 0."""
     model.train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     order, order_epoch = None, -1
+    compiles_after_first = None
+
+    def record(loss: torch.Tensor, done: int, epoch: int) -> None:
+        value = float(loss.detach().to("cpu"))
+        if not np.isfinite(value):
+            raise BadInputError(
+                f"loss is {value} at step {done}: training diverged (lower the learning "
+                "rate or check the data); no checkpoint or model was written for it"
+            )
+        loss_curve.append([done, round(value, 6)])
+        log.info("step %d/%d epoch %d loss %.4f", done, total, epoch, value)
+
     for step in range(first_step, total):
         epoch, position = divmod(step, per_epoch)
         if epoch != order_epoch:
@@ -348,20 +382,17 @@ def _loop(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == total or done % cfg.checkpoint_every == 0:
+            # Eager: now. XLA: at the sync below, once the loss is materialised, so
+            # reading it never cuts the step's graph (and a NaN stops before the update).
+            backend.after_step(record, loss, done, epoch)
         backend.mark_step()
         backend.optimizer_step(optimizer)
         schedule.step()
         backend.mark_step()
-        done = step + 1
-        if done % cfg.log_every == 0 or done == total or done % cfg.checkpoint_every == 0:
-            value = float(loss.detach().to("cpu"))
-            if not np.isfinite(value):
-                raise BadInputError(
-                    f"loss is {value} at step {done}: training diverged (lower the learning "
-                    "rate or check the data); no checkpoint or model was written for it"
-                )
-            loss_curve.append([done, round(value, 6)])
-            log.info("step %d/%d epoch %d loss %.4f", done, total, epoch, value)
+        if done - first_step == WARMUP_STEPS:
+            compiles_after_first = backend.compiles()
         if done % cfg.checkpoint_every == 0 and done < total:
             url = manager.save(
                 done,
@@ -369,7 +400,7 @@ def _loop(
                 {
                     "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(),
-                    "rng": rng_state(),
+                    "rng": rng_state(backend),
                 },
                 {
                     "init": init,
@@ -380,7 +411,8 @@ def _loop(
                 },
             )
             log.info("checkpoint step %d committed at %s", done, url)
-    return loss_curve
+    after = 0 if compiles_after_first is None else backend.compiles() - compiles_after_first
+    return loss_curve, after
 
 
 def _summary(report: dict[str, Any], url: str) -> dict[str, Any]:

@@ -33,9 +33,16 @@ def weights_sha(root: str, version: str) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def train_until_killed(root: str, run_id: str, kill_at: int) -> int:
+def train_until_killed(
+    root: str,
+    run_id: str,
+    kill_at: int,
+    sets: tuple[str, ...] = TRAIN,
+    env: dict[str, str] | None = None,
+) -> int:
     """Start training, SIGKILL it once it logs step ``kill_at`` (or, when it resumed at or
-    past that step, three steps after its resume point); returns the step it aimed at."""
+    past that step, three steps after its resume point); returns the step it aimed at.
+    ``sets`` and ``env`` replace the module's training overrides and add to the env."""
     cmd = [
         sys.executable,
         "-m",
@@ -45,12 +52,12 @@ def train_until_killed(root: str, run_id: str, kill_at: int) -> int:
         "--set",
         f"run_id={run_id}",
     ]
-    for s in TRAIN:
+    for s in sets:
         cmd += ["--set", s]
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
-        env=job_env(),
+        env=job_env(env),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

@@ -1,5 +1,5 @@
 """Accelerator backends behind one small interface; see :class:`Backend`."""
 
-from jobs.backends.base import Backend, get_backend
+from jobs.backends.base import Backend, detect, get_backend
 
-__all__ = ["Backend", "get_backend"]
+__all__ = ["Backend", "detect", "get_backend"]
