@@ -57,7 +57,9 @@ with DAG(
             description="Artifact store root URL: file:///... or s3://bucket/prefix",
         ),
         "model": Param("tiny", enum=["tiny", "minilm"], description="Model config name"),
-        "backend": Param("cpu", enum=["auto", "cpu", "cuda", "xla", "neuron"], description="Accelerator backend"),
+        "backend": Param(
+            "cpu", enum=["auto", "cpu", "cuda", "xla", "neuron"], description="Accelerator backend"
+        ),
         "epochs": Param(3, type="integer", minimum=1, description="Training epochs"),
     },
     tags=["embedfresh"],
