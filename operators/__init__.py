@@ -10,11 +10,13 @@ from operators.evaluate import EvaluationOperator
 from operators.gate import QualityGateOperator
 from operators.job_spec import JobSpec
 from operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
-from operators.runners import JobResult, LocalRunner
+from operators.runners import AwsBatchRunner, BatchSettings, JobResult, LocalRunner
 from operators.train import IncrementalTrainingOperator
 
 __all__ = [
     "MODEL_PROMOTIONS_ALIAS",
+    "AwsBatchRunner",
+    "BatchSettings",
     "EmbedfreshJobOperator",
     "EvaluationOperator",
     "ExecutionMode",

@@ -17,7 +17,14 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from jobs.exit_codes import ExitCode
 from operators.constants import ExecutionMode
 from operators.job_spec import JobSpec
-from operators.runners import JobResult, LocalRunner, Runner
+from operators.runners import (
+    AwsBatchRunner,
+    BatchSettings,
+    DeferrableRunner,
+    JobResult,
+    LocalRunner,
+    Runner,
+)
 
 #: Exit codes that mean retrying cannot help: fail the task for good.
 NO_RETRY_EXIT_CODES: dict[int, str] = {
@@ -43,8 +50,12 @@ class EmbedfreshJobOperator(BaseOperator):
     :param job_settings: extra config fields of the job; they override the operator's
         own (templated).
     :param env: environment variables for the job (templated).
-    :param execution_mode: where the job runs; only ``local`` so far.
+    :param execution_mode: where the job runs: ``local`` (a subprocess of the worker) or
+        ``aws_batch`` (an AWS Batch job; needs ``batch``).
     :param nproc_per_node: processes per node (data parallel under torchrun).
+    :param batch: with ``aws_batch``, the :class:`~operators.runners.BatchSettings` fields:
+        ``job_definition``, ``job_queue``, ``num_nodes``, ``share_identifier``,
+        ``deferrable``, ... (templated).
     :raises AirflowFailException: exit code 2, 3 or 4 (no retry).
     :raises AirflowException: exit code 75 or any other failure (retried per policy).
     """
@@ -58,8 +69,13 @@ class EmbedfreshJobOperator(BaseOperator):
         "run_id",
         "job_settings",
         "env",
+        "batch",
     )
-    template_fields_renderers: ClassVar[dict[str, str]] = {"job_settings": "json", "env": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "job_settings": "json",
+        "env": "json",
+        "batch": "json",
+    }
     ui_color = "#e8f4fd"
 
     def __init__(
@@ -73,6 +89,7 @@ class EmbedfreshJobOperator(BaseOperator):
         env: dict[str, str] | None = None,
         execution_mode: str = ExecutionMode.LOCAL,
         nproc_per_node: int = 1,
+        batch: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -84,10 +101,17 @@ class EmbedfreshJobOperator(BaseOperator):
         self.env = env or {}
         self.execution_mode = ExecutionMode(execution_mode)
         self.nproc_per_node = nproc_per_node
+        self.batch = batch
+        if self.execution_mode == ExecutionMode.AWS_BATCH and not batch:
+            raise ValueError(
+                "execution_mode='aws_batch' needs batch={'job_definition': ..., 'job_queue': ...}"
+            )
 
     @cached_property
     def runner(self) -> Runner:
-        """The runner for :attr:`execution_mode`, built on first use."""
+        """The runner for :attr:`execution_mode`, built on first use (after templating)."""
+        if self.execution_mode == ExecutionMode.AWS_BATCH:
+            return AwsBatchRunner(BatchSettings.from_mapping(self.batch or {}))
         return LocalRunner()
 
     def job_specific_settings(self) -> dict[str, Any]:
@@ -112,8 +136,22 @@ class EmbedfreshJobOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self.build_job_spec()
-        result = self.runner.run(spec, self.log)
-        return self.handle_result(spec, result)
+        runner = self.runner
+        if isinstance(runner, DeferrableRunner) and runner.deferrable:
+            started = runner.start(spec, self.log)
+            if not isinstance(started, JobResult):
+                self.defer(
+                    trigger=started, method_name="execute_complete", timeout=self.execution_timeout
+                )
+            return self.handle_result(spec, started)
+        return self.handle_result(spec, runner.run(spec, self.log))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume after the runner's trigger fired: map the job's outcome like :meth:`execute`."""
+        runner = self.runner
+        if not isinstance(runner, DeferrableRunner):
+            raise AirflowException(f"{type(runner).__name__} cannot resume a deferred task")
+        return self.handle_result(self.build_job_spec(), runner.resume(event, self.log))
 
     def handle_result(self, spec: JobSpec, result: JobResult) -> dict[str, Any]:
         """Map a job's exit code to Airflow's reaction: the one place that does it."""

@@ -38,7 +38,12 @@ class PromoteModelOperator(EmbedfreshJobOperator):
         super().__init__(model=model, **kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        summary = super().execute(context)
+        return self._announce(context, super().execute(context))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._announce(context, super().execute_complete(context, event))
+
+    def _announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         extra = {"version": summary.get("production"), "registry": summary.get("registry")}
         for outlet in self.outlets:
             if isinstance(outlet, AssetAlias) and outlet.name == MODEL_PROMOTIONS_ALIAS:

@@ -107,8 +107,10 @@ def test_defaults_are_templates_and_dict_fields_render_as_json():
     op = IncrementalTrainingOperator(task_id="t", artifact_root="{{ params.artifact_root }}")
     assert op.run_id == "{{ run_id }}"
     assert op.data_interval_start == "{{ data_interval_start | ds }}"
-    assert op.template_fields_renderers == {"job_settings": "json", "env": "json"}
+    assert op.template_fields_renderers == {"job_settings": "json", "env": "json", "batch": "json"}
     with pytest.raises(ValueError):
+        EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="kubernetes")
+    with pytest.raises(ValueError, match="needs batch="):
         EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="aws_batch")
 
 

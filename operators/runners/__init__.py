@@ -1,6 +1,17 @@
-"""Runners: where a job spec runs. Only the local one exists so far."""
+"""Runners: where a job spec runs (local subprocess, AWS Batch).
 
-from operators.runners.base import JobResult, Runner
+The AWS Batch runner imports the Amazon provider (and boto3) only when it is used.
+"""
+
+from operators.runners.aws_batch import AwsBatchRunner, BatchSettings
+from operators.runners.base import DeferrableRunner, JobResult, Runner
 from operators.runners.local import LocalRunner
 
-__all__ = ["JobResult", "LocalRunner", "Runner"]
+__all__ = [
+    "AwsBatchRunner",
+    "BatchSettings",
+    "DeferrableRunner",
+    "JobResult",
+    "LocalRunner",
+    "Runner",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from operators.job_spec import JobSpec
 
@@ -38,4 +38,19 @@ class Runner(Protocol):
 
     def kill(self) -> None:
         """Stop the job started by :meth:`run` (called from ``on_kill``); idempotent."""
+        ...
+
+
+@runtime_checkable
+class DeferrableRunner(Runner, Protocol):
+    """A runner that can wait in the triggerer instead of the worker when :attr:`deferrable`."""
+
+    deferrable: bool
+
+    def start(self, spec: JobSpec, log: logging.Logger) -> JobResult | Any:
+        """Start the job; its result if it already ended, else the trigger to defer to."""
+        ...
+
+    def resume(self, event: dict[str, Any] | None, log: logging.Logger) -> JobResult:
+        """The result of the job the trigger's ``event`` reports on (validated first)."""
         ...
