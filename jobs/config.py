@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from jobs.exit_codes import BadInputError
 from jobs.layout import safe_id
@@ -73,18 +80,43 @@ class TrainConfig(JobConfig):
     keep_last: int = Field(default=2, ge=1)
     """Committed checkpoints kept per run."""
     seed: int = 0
-    init: Literal["auto", "production", "base"] = "auto"
+    init: Literal["auto", "production", "base", "version"] = "auto"
     """``production``: start from the registry's production version (error if none);
     ``base``: from the config's base weights (random for tiny, MiniLM for minilm);
-    ``auto``: production when there is one, else base."""
+    ``auto``: production when there is one, else base; ``version``: from the pinned
+    version ``init_version`` (setting ``init_version`` implies it)."""
+    init_version: str | None = None
+    """Pinned model version to start from (``init=version``): two runs, e.g. on two
+    backends for the parity gate, start from the same weights whatever production is.
+    Like ``production`` it counts as fine-tuning (``incremental_lr_scale`` applies)."""
     version: str | None = None
     """Name of the model version this run publishes; defaults to the run id."""
     log_every: int = Field(default=10, ge=1)
+    eval_every: int | None = Field(default=None, ge=1)
+    """Evaluate the current weights on the held-out split every this many steps (and at
+    the last step): ``reports/eval-step-{step:08d}.json`` + outcomes, and the train
+    report's ``eval_curve``. None: no evaluation during training."""
+    eval_batch_size: int = Field(default=64, ge=1)
+    """Batch size of those evaluations (fixed shape, like the evaluate job's)."""
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Override of the model config's dropout probability for this run's training (the
+    architecture, and so the published version's spec, is unchanged). ``0`` makes a
+    training step deterministic: no random draws, e.g. to compare backends' numerics."""
 
-    @field_validator("dataset", "version")
+    @field_validator("dataset", "version", "init_version")
     @classmethod
     def _segment(cls, v: str | None) -> str | None:
         return None if v is None else safe_id(v, "name")
+
+    @model_validator(mode="after")
+    def _init_version(self) -> TrainConfig:
+        if self.init_version is not None and self.init not in ("auto", "version"):
+            raise ValueError(f"init_version is set, so init must be 'version', not {self.init!r}")
+        if self.init == "version" and self.init_version is None:
+            raise ValueError("init=version needs init_version (the version to start from)")
+        if self.init_version is not None and self.init == "auto":
+            object.__setattr__(self, "init", "version")
+        return self
 
     @property
     def interval_end(self) -> dt.date:
@@ -195,3 +227,55 @@ class GateConfig(JobConfig):
 
 class PromoteConfig(JobConfig):
     """Moves the production pointer to the run's candidate if its gate said PASS."""
+
+
+class ParityConfig(TrainConfig):
+    """Backend parity (DESIGN "The quality gate", parity mode): train the same start
+    version with the same hyperparameters on backend A and backend B, evaluating at
+    every ``eval_every`` steps, and gate B's curve against A's (two-sided |d| < tolerance
+    at every common evaluation point). The training fields are those of
+    :class:`TrainConfig`; ``backend`` is unused (see ``backend_a``/``backend_b``)."""
+
+    backend_a: str = "cpu"
+    """Reference backend; its run id is ``{run_id}-{backend_a}``."""
+    backend_b: str = "xla"
+    """Candidate backend; its run id is ``{run_id}-{backend_b}``."""
+    eval_every: int | None = Field(default=50, ge=1)
+    metrics: list[str] = Field(
+        default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
+    )
+    tolerance: float = Field(default=0.001, ge=0, lt=1)
+    """Relative two-sided tolerance: 0.001 is the 0.1% SLA."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    resamples: int = Field(default=1000, ge=100)
+    gate_seed: int = 0
+    """Seed of the paired bootstrap (``seed`` is the training seed)."""
+    timeout_seconds: float = Field(default=3600, gt=0)
+    """Limit of each training subprocess."""
+
+    @model_validator(mode="after")
+    def _parity(self) -> ParityConfig:
+        if self.init_version is None:
+            raise ValueError("parity needs init_version: both backends start from it")
+        if self.eval_every is None:
+            raise ValueError("parity needs eval_every: the curve is its evaluation points")
+        return self
+
+    def side_run_id(self, side: Literal["a", "b"]) -> str:
+        """``{run_id}-{backend}``; ``-a``/``-b`` appended when both sides share a backend
+        (the same backend twice is the control: it must give d == 0)."""
+        backend = self.backend_a if side == "a" else self.backend_b
+        run_id = f"{self.run_id}-{backend}"
+        return run_id if self.backend_a != self.backend_b else f"{run_id}-{side}"
+
+    def train_config(self, side: Literal["a", "b"]) -> TrainConfig:
+        """The training config of one side: identical but for backend, run id, version."""
+        extra = set(ParityConfig.model_fields) - set(TrainConfig.model_fields)
+        data = self.model_dump(exclude=extra)
+        run_id = self.side_run_id(side)
+        data.update(
+            backend=self.backend_a if side == "a" else self.backend_b,
+            run_id=run_id,
+            version=None if self.version is None else self.version + run_id[len(self.run_id) :],
+        )
+        return TrainConfig.model_validate(data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs import layout
-from jobs.backends import get_backend
+from jobs.backends import Backend, get_backend
 from jobs.cli import main_for
 from jobs.config import EvaluateConfig
 from jobs.data.reader import Examples, read_eval
@@ -28,7 +29,8 @@ from jobs.exit_codes import BadInputError
 from jobs.gate.stats import metric_value
 from jobs.inference import embed, score
 from jobs.model import versions
-from jobs.model.tokenizer import TextTokenizer
+from jobs.model.relevance import RelevanceModel
+from jobs.model.tokenizer import TextTokenizer, Tokenized
 from jobs.storage import ArtifactStore
 
 log = logging.getLogger("jobs.evaluate")
@@ -82,6 +84,88 @@ def _retrieval_sets(
     )
 
 
+@dataclass(frozen=True)
+class EvalSet:
+    """The held-out split, tokenised once: the pairs to score and the retrieval sets."""
+
+    examples: Examples
+    queries: Tokenized
+    products: Tokenized
+    query_ids: np.ndarray
+    query_tokens: Tokenized
+    product_ids: np.ndarray
+    product_tokens: Tokenized
+    relevant: list[np.ndarray]
+
+    @classmethod
+    def load(cls, store: ArtifactStore, dataset: str, tokenizer: TextTokenizer) -> EvalSet:
+        examples = read_eval(store, dataset)
+        query_ids, query_texts, product_ids, product_texts, relevant = _retrieval_sets(examples)
+        if len(query_ids) == 0:
+            raise BadInputError(
+                "eval split has no relevant (label 1) pairs: recall@10 is undefined"
+            )
+        return cls(
+            examples,
+            tokenizer(examples.queries),
+            tokenizer(examples.products),
+            query_ids,
+            tokenizer(query_texts),
+            product_ids,
+            tokenizer(product_texts),
+            relevant,
+        )
+
+
+def evaluate_model(
+    model: RelevanceModel, backend: Backend, data: EvalSet, batch_size: int
+) -> tuple[dict[str, float], dict[str, dict[str, np.ndarray]]]:
+    """Metrics and per-example outcome tables of an in-memory model on ``data``.
+
+    Leaves the model in eval mode and draws no random numbers (no dropout in eval mode),
+    so the training loop can call it between steps. Batches are padded to a fixed shape
+    (:mod:`jobs.inference`): on XLA, every evaluation after the first reuses its graphs.
+    Returns ``(metrics, {"examples": {...}, "queries": {...}})``, the tables as
+    :func:`write_outcomes` stores them.
+    """
+    ex = data.examples
+    probs = score(model, backend, data.queries, data.products, ex.features, batch_size)
+    q_vec = embed(model, backend, data.query_tokens, batch_size)
+    p_vec = embed(model, backend, data.product_tokens, batch_size)
+    recalls = recall_at_k(q_vec, p_vec, data.relevant)
+    labels = ex.labels.astype(np.int64)
+    outcomes = {"label": labels, "prob": probs, "recall_at_10": recalls}
+    metrics = {name: round(metric_value(name, outcomes), 6) for name in METRICS}
+    tables = {
+        "examples": {
+            "query_id": ex.query_ids,
+            "product_id": ex.product_ids,
+            "label": labels,
+            "prob": probs,
+        },
+        "queries": {"query_id": data.query_ids, "recall_at_10": recalls},
+    }
+    return metrics, tables
+
+
+def write_outcomes(
+    store: ArtifactStore,
+    model: str,
+    run_id: str,
+    report_name: str,
+    tables: dict[str, dict[str, np.ndarray]],
+) -> dict[str, str]:
+    """Write the outcome tables next to ``reports/{report_name}.json``; returns their URLs
+    (the report's ``outcomes``, which :func:`jobs.gate.job.load_outcomes` reads)."""
+    base = layout.reports(model, run_id)
+    urls = {}
+    for key in ("examples", "queries"):
+        rel = f"{base}/{report_name}.{key}.parquet"
+        store.write_bytes(rel, _parquet(tables[key]))
+        urls[key] = store.url(rel)
+    return urls
+
+
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Evaluate a model version on the held-out split and write the eval report."""
     started = time.perf_counter()
@@ -89,41 +173,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     backend = get_backend(cfg.backend)
     version = versions.load(store, cfg.model, cfg.target_version)
     model = versions.instantiate(version).to(backend.device)
-    examples = read_eval(store, cfg.dataset)
     tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length)
-
-    probs = score(
-        model,
-        backend,
-        tokenizer(examples.queries),
-        tokenizer(examples.products),
-        examples.features,
-        cfg.batch_size,
-    )
-    query_ids, query_texts, product_ids, product_texts, relevant = _retrieval_sets(examples)
-    if len(query_ids) == 0:
-        raise BadInputError("eval split has no relevant (label 1) pairs: recall@10 is undefined")
-    q_vec = embed(model, backend, tokenizer(query_texts), cfg.batch_size)
-    p_vec = embed(model, backend, tokenizer(product_texts), cfg.batch_size)
-    recalls = recall_at_k(q_vec, p_vec, relevant)
-
-    outcomes = {"label": examples.labels.astype(np.int64), "prob": probs, "recall_at_10": recalls}
-    metrics = {name: round(metric_value(name, outcomes), 6) for name in METRICS}
-    base = layout.reports(cfg.model, cfg.run_id)
-    examples_rel = f"{base}/{cfg.report_name}.examples.parquet"
-    queries_rel = f"{base}/{cfg.report_name}.queries.parquet"
-    store.write_bytes(
-        examples_rel,
-        _parquet(
-            {
-                "query_id": examples.query_ids,
-                "product_id": examples.product_ids,
-                "label": outcomes["label"],
-                "prob": probs,
-            }
-        ),
-    )
-    store.write_bytes(queries_rel, _parquet({"query_id": query_ids, "recall_at_10": recalls}))
+    data = EvalSet.load(store, cfg.dataset, tokenizer)
+    metrics, tables = evaluate_model(model, backend, data, cfg.batch_size)
+    outcomes = write_outcomes(store, cfg.model, cfg.run_id, cfg.report_name, tables)
     report = {
         "status": "ok",
         "model": cfg.model,
@@ -132,10 +185,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         "version_url": version.url,
         "dataset": cfg.dataset,
         "metrics": metrics,
-        "n_examples": len(examples),
-        "n_queries": len(query_ids),
-        "n_products": len(product_ids),
-        "outcomes": {"examples": store.url(examples_rel), "queries": store.url(queries_rel)},
+        "n_examples": len(data.examples),
+        "n_queries": len(data.query_ids),
+        "n_products": len(data.product_ids),
+        "outcomes": outcomes,
         "wall_seconds": round(time.perf_counter() - started, 3),
         **backend.metadata(),
     }

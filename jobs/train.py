@@ -93,8 +93,20 @@ def config_hash(cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int) -> 
     """What must match for a checkpoint to be resumed: everything that changes the math."""
     relevant = cfg.model_dump(
         mode="json",
-        exclude={"artifact_root", "run_id", "backend", "log_every", "keep_last", "version"},
+        exclude={
+            "artifact_root",
+            "run_id",
+            "backend",
+            "log_every",
+            "keep_last",
+            "version",
+            "eval_every",  # evaluation draws no random numbers: it never changes the math
+            "eval_batch_size",
+        },
     )
+    for optional in ("init_version", "dropout"):  # unset: the hash of configs before them
+        if relevant[optional] is None:
+            del relevant[optional]
     blob = json.dumps(
         {"cfg": relevant, "spec": spec.fingerprint(), "data": data_fp, "steps": steps},
         sort_keys=True,
@@ -163,8 +175,105 @@ def set_rng_state(state: dict[str, Any], backend: Backend | None = None, seed: i
         backend.seed(seed)
 
 
+def set_dropout(model: torch.nn.Module, p: float) -> None:
+    """Set every dropout probability of ``model`` to ``p`` (``TrainConfig.dropout``)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = p
+        if hasattr(module, "dropout_p"):  # attention dropout inside SDPA
+            module.dropout_p = p
+
+
+class EvalPoints:
+    """Evaluation of the current weights during training (``TrainConfig.eval_every``).
+
+    Each point writes ``reports/eval-step-{step:08d}.json`` with its outcomes, in the
+    evaluate job's format, and appends ``{step, metrics}`` to the curve. It must not
+    change training: the RNG state (torch's and the device's; an XLA device advances its
+    seed at every sync) is saved before and restored after, and the model is put back in
+    train mode. Graph compilations it causes are counted apart (``compiles``).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        store: ArtifactStore,
+        backend: Backend,
+        tokenizer: TextTokenizer,
+        curve: list[dict[str, Any]],
+    ) -> None:
+        from jobs.evaluate import EvalSet  # noqa: PLC0415 - only when evaluating
+
+        self.cfg, self.store, self.backend = cfg, store, backend
+        self.data = EvalSet.load(store, cfg.dataset, tokenizer)
+        self.curve = curve
+        self.compiles = 0
+        self.seconds = 0.0
+
+    def due(self, done: int, total: int) -> bool:
+        return done % self.cfg.eval_every == 0 or done == total
+
+    def __call__(self, model: RelevanceModel, done: int, version: str) -> None:
+        from jobs.evaluate import evaluate_model, write_outcomes  # noqa: PLC0415
+
+        started = time.perf_counter()
+        compiles_before = self.backend.compiles()
+        saved = rng_state(self.backend)
+        try:
+            metrics, tables = evaluate_model(
+                model, self.backend, self.data, self.cfg.eval_batch_size
+            )
+        finally:
+            set_rng_state(saved, self.backend)
+            model.train()
+        self.compiles += self.backend.compiles() - compiles_before
+        cfg, name = self.cfg, eval_step_report(done)
+        outcomes = write_outcomes(self.store, cfg.model, cfg.run_id, name, tables)
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        self.store.write_json(
+            layout.report(cfg.model, cfg.run_id, name),
+            {
+                "status": "ok",
+                "model": cfg.model,
+                "run_id": cfg.run_id,
+                "version": version,
+                "step": done,
+                "dataset": cfg.dataset,
+                "metrics": metrics,
+                "n_examples": len(self.data.examples),
+                "n_queries": len(self.data.query_ids),
+                "n_products": len(self.data.product_ids),
+                "outcomes": outcomes,
+                "wall_seconds": round(seconds, 3),
+                **self.backend.metadata(),
+            },
+        )
+        self.curve[:] = [p for p in self.curve if p["step"] != done]
+        self.curve.append({"step": done, "metrics": metrics})
+        log.info("eval at step %d: %s", done, metrics)
+
+
+def eval_step_report(step: int) -> str:
+    """Report name of the evaluation at ``step`` (``reports/{name}.json``)."""
+    return f"eval-step-{step:08d}"
+
+
 def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) -> dict[str, Any]:
     """Load the starting weights into ``model``; returns where they came from."""
+    if cfg.init == "version":
+        pinned = cfg.init_version
+        if versions.is_committed(store, cfg.model, pinned) is None:
+            raise BadInputError(
+                f"init_version {pinned} of {cfg.model} is not a committed model version"
+            )
+        version = versions.load(store, cfg.model, pinned)
+        if version.spec.fingerprint() != model.spec.fingerprint():
+            raise BadInputError(
+                f"version {version.url} has another architecture than model config {cfg.model!r}"
+            )
+        model.load_state_dict(version.weights, strict=True)
+        return {"source": "version", "version": pinned, "url": version.url}
     production = None
     if cfg.init in ("auto", "production"):
         production = Registry(store, cfg.model).production_version()
@@ -230,17 +339,25 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     else:
         init = resolve_init(cfg, store, model)
         log.info("starting from %s", init)
+    if cfg.dropout is not None:
+        set_dropout(model, cfg.dropout)
     model.to(backend.device)
-    optimizer = make_optimizer(model, cfg, incremental=init["source"] == "production")
+    # A trained start (production or a pinned version) is fine-tuned at the scaled rate.
+    optimizer = make_optimizer(model, cfg, incremental=init["source"] in ("production", "version"))
     schedule = make_schedule(optimizer, cfg.warmup_steps, total)
     first_step = 0
     loss_curve: list[list[float]] = []
+    eval_curve: list[dict[str, Any]] = []
     if checkpoint is not None:
         first_step = _restore(checkpoint, optimizer, schedule, backend, cfg.seed)
         loss_curve = checkpoint.meta.get("loss_curve", [])
+        eval_curve = checkpoint.meta.get("eval_curve", [])
     else:
         torch.manual_seed(cfg.seed)  # dropout stream independent of how init was reached
         backend.seed(cfg.seed)
+    evaluator = (
+        None if cfg.eval_every is None else EvalPoints(cfg, store, backend, tokenizer, eval_curve)
+    )
 
     loop_started = time.perf_counter()
     loss_curve, compiles_after_warmup = _loop(
@@ -257,8 +374,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         batch_size,
         init,
         loss_curve,
+        evaluator,
     )
     loop_seconds = time.perf_counter() - loop_started
+    eval_seconds = 0.0 if evaluator is None else evaluator.seconds
 
     weights = cpu_state_dict(model)
     version_url = versions.publish(
@@ -292,12 +411,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "rows": len(examples),
         "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
         "sources": list(examples.sources),
-        "samples_per_second": round(steps_run * batch_size / loop_seconds, 2)
-        if steps_run and loop_seconds > 0
+        "samples_per_second": round(steps_run * batch_size / (loop_seconds - eval_seconds), 2)
+        if steps_run and loop_seconds > eval_seconds
         else None,
         "wall_seconds": round(time.perf_counter() - started, 3),
         "loss_curve": loss_curve,
         "final_loss": loss_curve[-1][1] if loss_curve else None,
+        "eval_every": cfg.eval_every,
+        "eval_curve": eval_curve,
+        "eval_seconds": round(eval_seconds, 3),
+        "eval_compiles": 0 if evaluator is None else evaluator.compiles,
+        "dropout": model.spec.encoder.dropout if cfg.dropout is None else cfg.dropout,
         "checkpoint_every": cfg.checkpoint_every,
         "config_hash": chash,
         "compiles_after_warmup": compiles_after_warmup,
@@ -342,13 +466,15 @@ def _loop(
     batch_size: int,
     init: dict[str, Any],
     loss_curve: list[list[float]],
+    evaluator: EvalPoints | None = None,
 ) -> tuple[list[list[float]], int]:
     """Steps ``first_step..total``; returns the loss curve and the graph compilations
-    after this attempt's first :data:`WARMUP_STEPS` steps. With fixed shapes it is 0."""
+    after this attempt's first :data:`WARMUP_STEPS` steps, evaluation's own apart. With
+    fixed shapes it is 0."""
     model.train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     order, order_epoch = None, -1
-    compiles_after_first = None
+    compiles_after_first, eval_compiles_at_warmup = None, 0
 
     def record(loss: torch.Tensor, done: int, epoch: int) -> None:
         value = float(loss.detach().to("cpu"))
@@ -393,6 +519,9 @@ def _loop(
         backend.mark_step()
         if done - first_step == WARMUP_STEPS:
             compiles_after_first = backend.compiles()
+            eval_compiles_at_warmup = 0 if evaluator is None else evaluator.compiles
+        if evaluator is not None and evaluator.due(done, total):
+            evaluator(model, done, cfg.output_version)
         if done % cfg.checkpoint_every == 0 and done < total:
             url = manager.save(
                 done,
@@ -408,10 +537,13 @@ def _loop(
                     "position_in_epoch": position + 1,
                     "samples_seen": done * batch_size,
                     "loss_curve": loss_curve,
+                    "eval_curve": [] if evaluator is None else evaluator.curve,
                 },
             )
             log.info("checkpoint step %d committed at %s", done, url)
     after = 0 if compiles_after_first is None else backend.compiles() - compiles_after_first
+    if evaluator is not None and compiles_after_first is not None:
+        after -= evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs
     return loss_curve, after
 
 

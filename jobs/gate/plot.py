@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from jobs.gate.decision import GateResult
+from jobs.gate.decision import CurveResult, GateResult
 
 _COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "INCONCLUSIVE": "#9a6700"}
 
@@ -57,5 +57,67 @@ def intervals_svg(result: GateResult, width: int = 640) -> str:
             f'<text x="{x(v):.1f}" y="{axis_y + 14}" text-anchor="middle" fill="#555">'
             f"{v:+.2%}</text>"
         )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def curve_svg(curve: CurveResult, width: int = 640, height: int = 260) -> str:
+    """Parity along a training curve: max |d| over the metrics at each evaluation step,
+    coloured by that step's verdict, against the tolerance band [0, t]."""
+    left, right, top, bottom = 70, 20, 36, 40
+    t = curve.tolerance
+    rows = []
+    for p in curve.points:
+        ds = [abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap is not None]
+        rows.append((p.step, max(ds) if ds else None, str(p.result.verdict)))
+    top_v = max([2 * t, *(v for _, v, _ in rows if v is not None)]) * 1.1 or 0.01
+    steps = [s for s, _, _ in rows]
+    lo, hi = min(steps), max(steps)
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def x(step: int) -> float:
+        return left + (0.5 if hi == lo else (step - lo) / (hi - lo)) * plot_w
+
+    def y(v: float) -> float:
+        return top + plot_h - v / top_v * plot_h
+
+    verdict = escape(str(curve.verdict))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f"<title>Parity gate: {verdict}</title>",
+        f'<text x="{left}" y="18" font-weight="bold">{verdict} - parity, max |d| per '
+        f"evaluation step, tolerance {t:.2%}</text>",
+        f'<rect x="{left}" y="{y(t):.1f}" width="{plot_w}" height="{y(0) - y(t):.1f}" '
+        f'fill="#ddf4ff" class="tolerance-band"/>',
+        f'<line x1="{left}" x2="{left + plot_w}" y1="{y(t):.1f}" y2="{y(t):.1f}" '
+        f'stroke="#0969da" stroke-dasharray="4,3"/>',
+        f'<line x1="{left}" x2="{left}" y1="{top}" y2="{y(0):.1f}" stroke="#888"/>',
+        f'<line x1="{left}" x2="{left + plot_w}" y1="{y(0):.1f}" y2="{y(0):.1f}" stroke="#888"/>',
+    ]
+    drawn = [(s, v) for s, v, _ in rows if v is not None]
+    if len(drawn) > 1:
+        path = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in drawn)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="#555" class="curve"/>')
+    for s, v, verdict_at in rows:
+        colour = _COLOURS.get(verdict_at, "#000")
+        if v is None:
+            parts.append(f'<text x="{x(s):.1f}" y="{y(0) - 4:.1f}" fill="{colour}">?</text>')
+            continue
+        parts.append(
+            f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="4" fill="{colour}" class="point">'
+            f"<title>step {s}: max |d| = {v:.4%} ({escape(verdict_at)})</title></circle>"
+        )
+    for v in (0.0, t, top_v):
+        parts.append(
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#555">{v:.2%}</text>'
+        )
+    for s in sorted(set(steps)):
+        parts.append(
+            f'<text x="{x(s):.1f}" y="{y(0) + 16:.1f}" text-anchor="middle" fill="#555">{s}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">step</text>'
+    )
     parts.append("</svg>")
     return "\n".join(parts)
