@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from jobs.config import JobConfig
@@ -34,8 +36,14 @@ class EmbedConfig(JobConfig):
     bucket for XLA/Neuron/compile). False trims it, which only saves work in eager mode."""
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
+    quantize: Literal["none", "int8"] = "none"
+    """``int8``: dynamic int8 quantisation of the encoder's linear layers (CPU backend
+    only). The job then first runs the parity gate (recall@10 on the eval split of
+    ``dataset``, int8 against fp32, tolerance 0.001) and writes nothing unless it passes."""
+    dataset: str = "products"
+    """Dataset whose eval split the int8 parity gate reads (unused with quantize=none)."""
 
-    @field_validator("corpus", "version")
+    @field_validator("corpus", "version", "dataset")
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "name")
@@ -67,3 +75,19 @@ class EmbedConfig(JobConfig):
             return "embed"
         first, last = self.shards[0], self.shards[-1]
         return f"embed-{first}" if first == last else f"embed-{first}-{last}"
+
+
+class ExportConfig(JobConfig):
+    """Export of a model version's encoder in the sentence-transformers format."""
+
+    version: str
+    """Model version to export (written under its own ``sentence-transformers/``)."""
+    max_seq_length: int | None = Field(default=None, ge=2)
+    """Truncation length written to ``sentence_bert_config.json``; None: what the embed
+    job uses by default (the spec's ``max_length``, capped at the max position and 256),
+    so the exported model reproduces the job's vectors."""
+
+    @field_validator("version")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")

@@ -33,8 +33,9 @@ import pyarrow.parquet as pq
 from jobs import layout, markers
 from jobs.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from jobs.embedding.config import LENGTH_CAP, EmbedConfig
+from jobs.embedding.encode import EncodeStats, embed_plan
 from jobs.embedding.shards import MANIFEST, commit_name, corpus_shards, read_corpus_shard
-from jobs.exit_codes import BadInputError
+from jobs.exit_codes import BadInputError, GateRefusedError
 from jobs.storage import ArtifactStore
 
 log = logging.getLogger("jobs.embed")
@@ -131,9 +132,6 @@ class _Prefetcher:
 
 def embed(cfg: EmbedConfig) -> dict[str, Any]:
     """Embed corpus shards with a model version; skip shards already committed."""
-    import torch
-    import torch.nn.functional as F
-
     from jobs.backends import get_backend
     from jobs.model import versions
 
@@ -164,6 +162,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         if (
             marker is not None
             and marker.get("version") == cfg.version
+            and marker.get("quantize", "none") == cfg.quantize
             and markers.verify(store, out_dir, commit_name(i)).ok
         ):
             skipped.append(i)
@@ -171,9 +170,6 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
             todo.append(i)
     if skipped:
         log.info("shards %s already committed in %s: skipped", skipped, store.url(out_dir))
-    if todo and store.exists(f"{out_dir}/{MANIFEST}"):
-        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
-        store.remove(f"{out_dir}/{MANIFEST}")
 
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
     # Ids of the shards read so far, to refuse ids repeated across this task's shards.
@@ -202,30 +198,47 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
 
     model = versions.instantiate(version).to(backend.device)
     model.eval()
+    report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
+    parity = None
+    if cfg.quantize == "int8":
+        model, parity = _int8_or_refuse(cfg, store, model, backend, tokenizer, lengths, todo)
+        if parity is not None and parity["verdict"] != "PASS":
+            store.write_json(
+                report_rel,
+                {
+                    "status": "refused",
+                    "model": cfg.model,
+                    "run_id": cfg.run_id,
+                    "version": cfg.version,
+                    "corpus": cfg.corpus,
+                    "quantize": cfg.quantize,
+                    "parity": parity,
+                    "shards_requested": wanted,
+                    "shards_done": [],
+                    "shards_skipped": skipped,
+                    **backend.metadata(),
+                },
+            )
+            raise GateRefusedError(
+                f"int8 embeddings refused by the parity gate ({parity['verdict']}): "
+                f"{parity['gate']['reason']}; recall@10 int8 {parity['recall_at_10_int8']} vs "
+                f"fp32 {parity['recall_at_10_fp32']} on {parity['n_queries']} eval queries. "
+                f"Nothing was written to {store.url(out_dir)}; embed with quantize=none "
+                f"(report: {store.url(report_rel)})"
+            )
+    if todo and store.exists(f"{out_dir}/{MANIFEST}"):
+        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
+        store.remove(f"{out_dir}/{MANIFEST}")
     totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
     embed_seconds = 0.0
-    shapes: set[tuple[int, int]] = set()
+    stats = EncodeStats()
     done = []
     prefetcher = _Prefetcher(todo, prepare, cfg.prefetch)
     try:
         for shard in prefetcher:
             t0 = time.perf_counter()
             n = len(shard.ids)
-            vectors = np.zeros((n, hidden), dtype=np.float32)
-            with torch.inference_mode():
-                for batch in shard.plan.batches:
-                    dev = backend.to_device(
-                        {
-                            "ids": torch.from_numpy(batch.input_ids),
-                            "mask": torch.from_numpy(batch.attention_mask),
-                        }
-                    )
-                    with backend.autocast():
-                        out = model.embed(dev["ids"], dev["mask"])
-                    backend.mark_step()
-                    out = F.normalize(out[: batch.real].float(), p=2, dim=1)
-                    vectors[batch.index] = out.to("cpu").numpy()
-                    shapes.add(tuple(batch.input_ids.shape))
+            vectors = embed_plan(model, backend, shard.plan, n, hidden, stats)
             seconds = time.perf_counter() - t0
             embed_seconds += seconds
             name = layout.part_name(shard.index)
@@ -248,6 +261,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                     "truncated": shard.truncated,
                     "real_tokens": shard.plan.real_tokens,
                     "padded_tokens": shard.plan.padded_tokens,
+                    "quantize": cfg.quantize,
                     "run_id": cfg.run_id,
                 },
                 name=commit_name(shard.index),
@@ -295,10 +309,11 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "lengths": list(lengths),
         "token_budget": cfg.token_budget,
         "static_batches": cfg.static_batches,
-        "shapes": sorted([list(s) for s in shapes]),
+        "shapes": sorted([list(s) for s in stats.shapes]),
+        "quantize": cfg.quantize,
+        "parity": parity,
         **backend.metadata(),
     }
-    report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     store.write_json(report_rel, report)
     return {
         "status": "ok",
@@ -308,3 +323,25 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "output": store.url(out_dir),
         "report": store.url(report_rel),
     }
+
+
+def _int8_or_refuse(
+    cfg: EmbedConfig,
+    store: ArtifactStore,
+    model: Any,
+    backend: Any,
+    tokenizer: VariableTokenizer,
+    lengths: tuple[int, ...],
+    todo: list[int],
+) -> tuple[Any, dict[str, Any] | None]:
+    """The int8 model and the parity gate's summary (None when no shard is left to embed,
+    so nothing would be published)."""
+    from jobs.embedding.int8 import parity_gate, quantize_int8
+
+    int8 = quantize_int8(model, backend)
+    if not todo:
+        return int8, None
+    _, summary = parity_gate(
+        store, cfg.dataset, model, int8, backend, tokenizer, lengths, cfg.token_budget
+    )
+    return int8, summary

@@ -1,0 +1,305 @@
+"""Embedding throughput: our embed path against ``SentenceTransformer.encode`` (minilm).
+
+Run on demand, not in CI::
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/embeddings.py [--texts 10000] [--repeats 3]
+
+One invocation runs every variant in its own subprocess, one after the other, on the same
+texts with the same thread count (so each peak RSS is that variant's own): ``st`` (the
+shipped all-MiniLM-L6-v2 through sentence-transformers, batch size swept over 32/64/128
+on a subset, the best one timed on all texts), ``ours-fp32`` and ``ours-int8`` (length
+bucketing + ``model.embed`` from :mod:`jobs.embedding.encode`, in memory, no store).
+Both sides truncate at 256 tokens (the shipped model's ``max_seq_length``). Each timing
+is repeated and the median reported, after one untimed warm-up batch. A last subprocess
+runs the int8 parity gate (:func:`jobs.embedding.int8.parity_gate`) on a generated eval
+split with the embed job's defaults. Prints a Markdown table and appends it with the
+command, machine and date to ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MAX_LENGTH = 256
+ST_BATCH_SIZES = (32, 64, 128)
+SWEEP_TEXTS = 1000
+# Ours, tuned for eager CPU: many lengths (little padding), no dummy rows.
+LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TOKEN_BUDGET = 4096
+
+LONG_TEXTS = [
+    "Das ist ein schöner Tag in München, die Straße ist ruhig und die Geschäfte sind offen.",
+    "Café crème à emporter, s'il vous plaît. Où est la gare la plus proche de l'hôtel ?",
+    "无线蓝牙耳机 主动降噪 长续航 适用于跑步和通勤 支持快速充电",
+    "Zapatillas de running para hombre, impermeables, talla 44, suela de goma antideslizante.",
+    "Беспроводные наушники с шумоподавлением и длительным временем работы от батареи.",
+    "防水ハイキングブーツ、レザー、サイズ27センチ、軽量で歩きやすい",
+]
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    """Product corpus texts plus ~10% longer and non-English ones, shuffled."""
+    from jobs.data.generate import generate_corpus
+
+    rng = np.random.default_rng(seed)
+    n_other = n // 10  # half non-English, half long (30-150 words)
+    texts = generate_corpus(seed, n - n_other).column("text").to_pylist()
+    for i in range(n_other):
+        if i % 2:
+            texts.append(LONG_TEXTS[i % len(LONG_TEXTS)])
+        else:  # long descriptions
+            words = int(rng.integers(30, 150))
+            pool = " ".join(texts[j] for j in rng.integers(0, n - n_other, size=words // 5 + 1))
+            texts.append(" ".join(pool.split()[:words]))
+    order = rng.permutation(len(texts))
+    return [texts[i] for i in order]
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _time(fn, repeats: int) -> tuple[float, np.ndarray, list[float]]:
+    seconds, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        seconds.append(time.perf_counter() - t0)
+    return statistics.median(seconds), out, seconds
+
+
+def run_variant(variant: str, texts: list[str], repeats: int) -> dict:
+    import torch
+
+    threads = torch.get_num_threads()
+    result: dict = {"variant": variant, "threads": threads, "texts": len(texts)}
+    if variant == "st":
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        from sentence_transformers import SentenceTransformer
+
+        from jobs.model.presets import minilm_dir
+
+        st = SentenceTransformer(str(minilm_dir()), device="cpu")
+        st.max_seq_length = MAX_LENGTH
+        st.encode(texts[:64], batch_size=64)  # warm-up
+        sweep = {}
+        subset = texts[:SWEEP_TEXTS]
+        for bs in ST_BATCH_SIZES:
+            t0 = time.perf_counter()
+            st.encode(subset, batch_size=bs, convert_to_numpy=True)
+            sweep[bs] = len(subset) / (time.perf_counter() - t0)
+        best = max(sweep, key=sweep.get)
+        median, vectors, all_s = _time(
+            lambda: st.encode(texts, batch_size=best, convert_to_numpy=True), repeats
+        )
+        result.update(batch_size=best, sweep={str(k): round(v, 1) for k, v in sweep.items()})
+    else:
+        from jobs.backends import get_backend
+        from jobs.embedding.bucketing import VariableTokenizer
+        from jobs.embedding.encode import embed_texts
+        from jobs.model import versions
+        from jobs.model.presets import get_spec, tokenizer_file
+
+        spec = get_spec("minilm")
+        model = versions.build_model(spec, 0)
+        versions.load_base_weights(model)
+        model.eval()
+        backend = get_backend("cpu")
+        if variant == "ours-int8":
+            from jobs.embedding.int8 import quantize_int8
+
+            model = quantize_int8(model, backend)
+        tok = VariableTokenizer(tokenizer_file().read_bytes(), MAX_LENGTH)
+        hidden = spec.encoder.hidden_size
+
+        def run() -> np.ndarray:  # tokenisation included, as sentence-transformers does
+            return embed_texts(
+                model, backend, tok, texts, LENGTHS, TOKEN_BUDGET, hidden, static=False
+            )
+
+        embed_texts(model, backend, tok, texts[:64], LENGTHS, TOKEN_BUDGET, hidden)  # warm-up
+        median, vectors, all_s = _time(run, repeats)
+        result.update(lengths=list(LENGTHS), token_budget=TOKEN_BUDGET)
+    result.update(
+        seconds=[round(s, 3) for s in all_s],
+        sentences_per_s=len(texts) / median,
+        peak_rss_mib=_peak_rss_mib(),
+    )
+    return result, np.asarray(vectors, dtype=np.float32)
+
+
+def run_parity(workdir: Path) -> dict:
+    """The embed job's int8 parity gate with its defaults, on a generated eval split."""
+    from jobs.backends import get_backend
+    from jobs.data.generate import write_dataset
+    from jobs.embedding.bucketing import VariableTokenizer, padded_lengths
+    from jobs.embedding.config import DEFAULT_LENGTHS, EmbedConfig
+    from jobs.embedding.export import default_max_length
+    from jobs.embedding.int8 import parity_gate, quantize_int8
+    from jobs.model import versions
+    from jobs.model.presets import get_spec, tokenizer_file
+    from jobs.storage import ArtifactStore
+
+    store = ArtifactStore(f"file://{workdir / 'store'}")
+    write_dataset(store, "products", 0, dt.date(2026, 1, 1), 1, 64, 4000, "products", 10, 10)
+    spec = get_spec("minilm")
+    model = versions.build_model(spec, 0)
+    versions.load_base_weights(model)
+    model.eval()
+    backend = get_backend("cpu")
+    max_length = default_max_length(spec)
+    tok = VariableTokenizer(tokenizer_file().read_bytes(), max_length)
+    budget = EmbedConfig.model_fields["token_budget"].default
+    result, summary = parity_gate(
+        store,
+        "products",
+        model,
+        quantize_int8(model, backend),
+        backend,
+        tok,
+        padded_lengths(DEFAULT_LENGTHS, max_length),
+        budget,
+    )
+    m = result.metric("recall_at_10")
+    return {
+        "verdict": str(result.verdict),
+        "reason": result.reason,
+        "max_length": max_length,
+        "n_queries": summary["n_queries"],
+        "recall_fp32": summary["recall_at_10_fp32"],
+        "recall_int8": summary["recall_at_10_int8"],
+        "ci": [m.bootstrap.ci_low, m.bootstrap.ci_high] if m.bootstrap else None,
+    }
+
+
+def _child(args: argparse.Namespace) -> None:
+    work = Path(args.workdir)
+    if args.variant == "parity":
+        out = run_parity(work)
+    else:
+        texts = json.loads((work / "texts.json").read_text())
+        out, vectors = run_variant(args.variant, texts, args.repeats)
+        np.save(work / f"{args.variant}.npy", vectors)
+    (work / f"{args.variant}.json").write_text(json.dumps(out))
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {model}, {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--texts", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--output", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        _child(args)
+        return
+
+    started = time.perf_counter()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "true",
+        "PYTHONPATH": str(ROOT),
+    }
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
+        work = Path(tmp)
+        texts = make_texts(args.texts)
+        (work / "texts.json").write_text(json.dumps(texts))
+        for variant in ("st", "ours-fp32", "ours-int8", "parity"):
+            print(f"running {variant} ...", file=sys.stderr, flush=True)
+            cmd = [sys.executable, __file__, "--variant", variant, "--workdir", tmp]
+            cmd += ["--repeats", str(args.repeats)]
+            subprocess.run(cmd, env=env, check=True)
+            results[variant] = json.loads((work / f"{variant}.json").read_text())
+        st_vec = np.load(work / "st.npy")
+        for variant in ("ours-fp32", "ours-int8"):
+            v = np.load(work / f"{variant}.npy")
+            cos = (v * st_vec).sum(1) / np.linalg.norm(v, axis=1) / np.linalg.norm(st_vec, axis=1)
+            results[variant]["max_abs_1_minus_cos"] = float(np.abs(1 - cos).max())
+    results["st"]["max_abs_1_minus_cos"] = 0.0
+
+    st_rate = results["st"]["sentences_per_s"]
+    parity = results["parity"]
+    rows = [
+        ("sentence-transformers fp32", results["st"], f"batch {results['st']['batch_size']}"),
+        ("ours fp32", results["ours-fp32"], "bucketed, budget 4096"),
+        ("ours int8 (dynamic)", results["ours-int8"], f"parity gate: {parity['verdict']}"),
+    ]
+    lines = [
+        "| variant | sentences/s (median of 3) | vs ST | max abs(1 - cos) vs ST | peak RSS MiB | notes |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, r, note in rows:
+        lines.append(
+            f"| {name} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / st_rate:.2f}x | "
+            f"{r['max_abs_1_minus_cos']:.2e} | {r['peak_rss_mib']:.0f} | {note} |"
+        )
+    sweep = ", ".join(f"{k}: {v}" for k, v in results["st"]["sweep"].items())
+    cmd = f"OMP_NUM_THREADS={args.threads} .venv/bin/python bench/embeddings.py --texts {args.texts} --repeats {args.repeats}"
+    text = "\n".join(
+        [
+            f"## Embeddings: ours vs sentence-transformers ({dt.date.today().isoformat()})",
+            "",
+            f"- Command: `{cmd}`",
+            f"- Machine: {_machine()}; {results['st']['threads']} torch threads in every variant",
+            f"- {args.texts} texts (product corpus + 10% long / non-English), max length "
+            f"{MAX_LENGTH} on both sides; each variant in its own process (peak RSS = ru_maxrss)",
+            "- Timings per repeat (s): "
+            + "; ".join(f"{k} {results[k]['seconds']}" for k in ("st", "ours-fp32", "ours-int8")),
+            f"- ST batch-size sweep on {SWEEP_TEXTS} texts (sentences/s): {sweep}",
+            f"- Ours: lengths {list(LENGTHS)}, token budget {TOKEN_BUDGET}, no dummy rows",
+            f"- int8 parity gate (embed job defaults, max length {parity['max_length']}, "
+            f"{parity['n_queries']} eval queries): {parity['verdict']}, recall@10 fp32 "
+            f"{parity['recall_fp32']} vs int8 {parity['recall_int8']}, 95% CI of the relative "
+            f"difference {parity['ci']}",
+            "- Targets: fp32 >= 1.3x ST, int8 >= 2.5x ST with PASS",
+            f"- Wall time of the whole benchmark: {time.perf_counter() - started:.0f} s",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    print(text)
+    if not args.no_append:
+        out = Path(args.output)
+        head = "" if out.exists() else "# Benchmarks\n\n"
+        with out.open("a") as f:
+            f.write(head + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
