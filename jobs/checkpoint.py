@@ -117,9 +117,7 @@ class CheckpointManager:
         }
         # An earlier attempt may have died half-way through this very step: its marker
         # never got written, so overwriting its files is safe.
-        for name, data in files.items():
-            self.store.write_bytes(f"{directory}/{name}", data)
-        markers.write_marker(
+        markers.publish(
             self.store, directory, files, meta={"step": step, "config_hash": self.config_hash}
         )
         self._purge(keep_from=step)

@@ -45,6 +45,23 @@ def write_marker(
     return marker
 
 
+def publish(
+    store: ArtifactStore,
+    directory: str,
+    files: dict[str, bytes],
+    meta: dict[str, Any] | None = None,
+    name: str = COMMIT,
+) -> dict[str, Any]:
+    """Write every object of ``files`` under ``directory``, then the marker naming them.
+
+    Files of an earlier attempt that died before its marker are simply overwritten:
+    without a marker they never counted.
+    """
+    for fname, data in files.items():
+        store.write_bytes(f"{directory}/{fname}", data)
+    return write_marker(store, directory, files, meta=meta, name=name)
+
+
 def read_marker(store: ArtifactStore, directory: str, name: str = COMMIT) -> dict[str, Any] | None:
     """The marker's content, or None when the directory is not committed (or unreadable)."""
     rel = f"{directory}/{name}"

@@ -193,9 +193,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
         log.info("%s already exported and verified: left as it is", store.url(directory))
         return {"status": "ok", "output": store.url(directory), "skipped": True}
     files = st_files(spec, version.weights, version.tokenizer_json, max_seq_length)
-    for name, data in files.items():
-        store.write_bytes(f"{directory}/{name}", data)
-    markers.write_marker(
+    markers.publish(
         store,
         directory,
         files,

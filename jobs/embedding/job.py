@@ -243,8 +243,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
             embed_seconds += seconds
             name = layout.part_name(shard.index)
             data = shard_bytes(shard.ids, vectors, cfg.version)
-            store.write_bytes(f"{out_dir}/{name}", data)
-            markers.write_marker(
+            markers.publish(
                 store,
                 out_dir,
                 {name: data},

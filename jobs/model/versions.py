@@ -90,9 +90,7 @@ def publish(
         ).encode(),
         TOKENIZER: tokenizer_file().read_bytes(),
     }
-    for name, data in files.items():
-        store.write_bytes(f"{directory}/{name}", data)
-    markers.write_marker(
+    markers.publish(
         store,
         directory,
         files,
