@@ -1,9 +1,12 @@
-"""Daily refresh of the production embedding model: train -> evaluate -> gate -> promote.
+"""Daily refresh of the production embedding model: train -> evaluate -> gate -> promote -> embed.
 
 Each run trains the production model incrementally on the data interval's partition
 (resuming from its last checkpoint on a retry), evaluates it on the fixed held-out set,
 lets it through only if the quality gate says PASS (the 0.1% SLA) and then moves the
 production pointer, which updates the model's Asset ``embedfresh://models/<model>``.
+Then it embeds the ``products`` corpus with the promoted version, one mapped ``embed``
+task per corpus shard, and ``verify`` writes the manifest and updates the Asset
+``embedfresh://embeddings/<model>/products``.
 
 The Params' defaults run the embedded demo on CPU: generate data into the artifact root
 first (``python -m jobs.generate_data --root <artifact_root>``), then trigger.
@@ -24,6 +27,9 @@ from pathlib import Path
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from operators import (
+    BatchEmbeddingOperator,
+    CorpusShardsOperator,
+    EmbeddingVerifyOperator,
     EvaluationOperator,
     IncrementalTrainingOperator,
     PromoteModelOperator,
@@ -40,6 +46,8 @@ COMMON = {
     "model": "{{ params.model }}",
     "backend": "{{ params.backend }}",
 }
+CORPUS = "products"
+PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"
 
 with DAG(
     "embedding_model_refresh",
@@ -76,4 +84,12 @@ with DAG(
     gate = QualityGateOperator(task_id="gate", **COMMON, retries=0)
     promote = PromoteModelOperator(task_id="promote", **COMMON)
 
-    train >> evaluate >> gate >> promote
+    list_shards = CorpusShardsOperator(
+        task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpus=CORPUS
+    )
+    embed = BatchEmbeddingOperator.partial(
+        task_id="embed", **COMMON, version=PROMOTED, corpus=CORPUS
+    ).expand(shards=list_shards.output)
+    verify = EmbeddingVerifyOperator(task_id="verify", **COMMON, version=PROMOTED, corpus=CORPUS)
+
+    train >> evaluate >> gate >> promote >> list_shards >> embed >> verify

@@ -13,12 +13,18 @@ from pathlib import Path
 
 from tests.conftest import ROOT, job_env
 
-EXPECTED_DAGS = {"embedding_model_refresh"}
+EXPECTED_DAGS = {"embedding_model_refresh", "corpus_embeddings", "accelerator_parity"}
 HEAVY_MODULES = ("torch", "torch_xla", "boto3", "transformers", "sentence_transformers")
 
 PARSE = r"""
 import json, sys, time
 from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk import Asset
+
+# Airflow's own cost, not our DAG files': the first Asset with a URI scheme makes the SDK
+# discover every provider's URI normalizer, and the Amazon provider's imports boto3.
+Asset("embedfresh://probe")
+airflow_loaded = [m for m in sys.argv[2:] if m in sys.modules]
 
 started = time.monotonic()
 bag = DagBag(dag_folder=sys.argv[1])
@@ -40,7 +46,10 @@ for dag_id, dag in bag.dags.items():
         "params": {k: dag.params.get_param(k).value for k in dag.params},
         "has_doc": bool(dag.doc_md),
     }
-facts["heavy_modules_loaded"] = sorted(m for m in sys.argv[2:] if m in sys.modules)
+facts["heavy_modules_loaded"] = sorted(
+    m for m in sys.argv[2:] if m in sys.modules and m not in airflow_loaded
+)
+facts["heavy_modules_loaded_by_airflow"] = airflow_loaded
 print(json.dumps(facts, default=str))
 """
 
@@ -85,6 +94,9 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "evaluate": ["train"],
         "gate": ["evaluate"],
         "promote": ["gate"],
+        "list_shards": ["promote"],
+        "embed": ["list_shards"],
+        "verify": ["embed"],
     }
     train = tasks["train"]
     assert train["retries"] == 2 and train["retry_exponential_backoff"] == 2.0
@@ -92,6 +104,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     assert {"data_interval_start", "data_interval_end", "epochs"} <= set(train["template_fields"])
     assert tasks["gate"]["retries"] == 0
     assert {"mode", "tolerance"} <= set(tasks["gate"]["template_fields"])
+    assert {"version", "corpus", "shards", "token_budget"} <= set(tasks["embed"]["template_fields"])
     assert dag["params"] == {
         "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
         "model": "tiny",
@@ -104,3 +117,32 @@ def test_artifact_root_default_comes_from_the_environment(tmp_path: Path):
     dag = parse_dags(tmp_path, {"EMBEDFRESH_ARTIFACT_ROOT": "s3://bucket/prefix"})
     params = dag["dags"]["embedding_model_refresh"]["params"]
     assert params["artifact_root"] == "s3://bucket/prefix"
+
+
+def test_corpus_embeddings_fans_out_over_shards_with_demo_defaults(tmp_path: Path):
+    dag = parse_dags(tmp_path)["dags"]["corpus_embeddings"]
+    assert {k: v["upstream"] for k, v in dag["tasks"].items()} == {
+        "resolve_version": [],
+        "list_shards": ["resolve_version"],
+        "embed": ["list_shards"],
+        "verify": ["embed"],
+    }
+    assert dag["params"] == {
+        "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+        "model": "tiny",
+        "backend": "cpu",
+        "corpus": "products",
+        "version": "",
+        "shards_per_task": 1,
+    }
+
+
+def test_accelerator_parity_is_one_task_without_retries(tmp_path: Path):
+    dag = parse_dags(tmp_path)["dags"]["accelerator_parity"]
+    parity = dag["tasks"]["parity"]
+    assert list(dag["tasks"]) == ["parity"] and parity["retries"] == 0
+    assert {"init_version", "backend_a", "backend_b", "eval_every", "epochs"} <= set(
+        parity["template_fields"]
+    )
+    assert dag["params"]["backend_a"] == "cpu" and dag["params"]["backend_b"] == "xla"
+    assert dag["params"]["init_version"] == ""

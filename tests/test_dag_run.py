@@ -1,4 +1,5 @@
-"""``dag.test()`` of embedding_model_refresh on the embedded default: every task succeeds.
+"""``dag.test()`` of embedding_model_refresh on the embedded default: every task succeeds,
+including the corpus embedding with the promoted version.
 
 Runs in a fresh interpreter against a throw-away AIRFLOW_HOME and SQLite database, so
 nothing leaks between this test and the rest of the suite (or a developer's Airflow).
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, job_env, write_data
+from tests.conftest import DATA, ROOT, job_env, write_data
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +60,7 @@ with create_session() as session:
         "run_id": dr.run_id,
         "state": str(dr.state),
         "tasks": {ti.task_id: str(ti.state) for ti in tis},
+        "mapped_embed_tasks": sum(1 for ti in tis if ti.task_id == "embed"),
         "train_summary": XComModel.deserialize_value(xcom),
         "asset_events": [[uri, extra] for uri, extra in events],
     }))
@@ -106,7 +108,11 @@ def test_dag_test_runs_every_task_on_the_embedded_default(tmp_path: Path):
         "evaluate": "success",
         "gate": "success",
         "promote": "success",
+        "list_shards": "success",
+        "embed": "success",
+        "verify": "success",
     }, output
+    assert facts["mapped_embed_tasks"] == DATA["corpus_rows"] // DATA["corpus_shard_rows"]
 
     run_id = facts["run_id"]
     reports = artifacts / "runs" / "tiny" / run_id / "reports"
@@ -120,7 +126,13 @@ def test_dag_test_runs_every_task_on_the_embedded_default(tmp_path: Path):
     registry = json.loads((artifacts / "models" / "tiny" / "registry.json").read_text())
     assert registry["production"]["version"] == run_id
     registry_url = f"file://{artifacts}/models/tiny/registry.json"
-    assert facts["asset_events"] == [
-        ["embedfresh://models/tiny", {"version": run_id, "registry": registry_url}]
+    manifest = artifacts / "embeddings" / "tiny" / run_id / "products" / "_MANIFEST.json"
+    assert manifest.exists()
+    assert sorted(facts["asset_events"]) == [
+        [
+            "embedfresh://embeddings/tiny/products",
+            {"version": run_id, "manifest": f"file://{manifest}", "rows": DATA["corpus_rows"]},
+        ],
+        ["embedfresh://models/tiny", {"version": run_id, "registry": registry_url}],
     ]
     assert time.monotonic() - started < 240

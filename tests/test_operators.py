@@ -364,3 +364,80 @@ def test_the_runner_uses_the_workers_interpreter():
         "-m",
         "jobs.train",
     ]
+
+
+# --- embedding and parity operators -------------------------------------------------
+
+
+def test_embedding_and_parity_operators_build_their_jobs_settings():
+    from operators import BackendParityOperator, BatchEmbeddingOperator, EmbeddingVerifyOperator
+
+    common = dict(artifact_root="file:///r", run_id="r1")
+    embed = BatchEmbeddingOperator(task_id="e", **common, version="v1", shards=[0, 2])
+    spec = embed.build_job_spec()
+    assert spec.job == "embed"
+    assert {k: spec.settings[k] for k in ("version", "corpus", "shards", "token_budget")} == {
+        "version": "v1", "corpus": "products", "shards": [0, 2], "token_budget": 4096,
+    }  # fmt: skip
+    assert (
+        "shards"
+        not in BatchEmbeddingOperator(task_id="a", **common, version="v1").build_job_spec().settings
+    )
+    assert {"version", "corpus", "shards", "token_budget"} <= set(embed.template_fields)
+    verify = EmbeddingVerifyOperator(task_id="v", **common, version="v1", corpus="docs")
+    assert verify.build_job_spec().job == "embed_verify"
+    assert "shards" not in verify.build_job_spec().settings
+    parity = BackendParityOperator(
+        task_id="p", **common, init_version="v0", backend_b="cuda", eval_every=5,
+        data_interval_start="2026-01-01", data_interval_end="2026-01-02",
+    )  # fmt: skip
+    settings = parity.build_job_spec().settings
+    assert parity.build_job_spec().job == "parity"
+    assert (settings["init_version"], settings["backend_a"], settings["backend_b"]) == (
+        "v0", "cpu", "cuda",
+    )  # fmt: skip
+    assert settings["eval_every"] == 5 and settings["data_interval_start"] == "2026-01-01"
+
+
+def test_verify_outlets_are_the_embeddings_asset_or_the_alias_when_templated():
+    from operators import EMBEDDING_PUBLICATIONS_ALIAS, EmbeddingVerifyOperator, embeddings_asset
+
+    plain = EmbeddingVerifyOperator(
+        task_id="v", artifact_root="r", model="minilm", corpus="docs", version="v1"
+    )
+    assert plain.outlets == [embeddings_asset("minilm", "docs")]
+    assert embeddings_asset("minilm", "docs").uri == "embedfresh://embeddings/minilm/docs"
+    templated = EmbeddingVerifyOperator(
+        task_id="w", artifact_root="r", corpus="{{ params.corpus }}", version="v1"
+    )
+    assert [o.name for o in templated.outlets] == [EMBEDDING_PUBLICATIONS_ALIAS]
+
+
+def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path: Path):
+    from airflow.sdk.exceptions import AirflowFailException as Fail
+
+    from operators import CorpusShardsOperator, ResolveModelVersionOperator, production_version
+
+    corpus = tmp_path / "corpora" / "products"
+    corpus.mkdir(parents=True)
+    for i in range(5):
+        (corpus / f"part-{i:05d}.parquet").write_bytes(b"")
+    (corpus / "notes.txt").write_text("ignored")
+    root = f"file://{tmp_path}"
+    one = CorpusShardsOperator(task_id="l", artifact_root=root)
+    assert one.execute({}) == [[0], [1], [2], [3], [4]]
+    two = CorpusShardsOperator(task_id="m", artifact_root=root, shards_per_task="2")
+    assert two.execute({}) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(Fail, match="no part"):
+        CorpusShardsOperator(task_id="n", artifact_root=root, corpus="none").execute({})
+
+    with pytest.raises(Fail, match="no registry"):
+        production_version(root, "tiny")
+    registry = tmp_path / "models" / "tiny" / "registry.json"
+    registry.parent.mkdir(parents=True)
+    registry.write_text(json.dumps({"model": "tiny", "production": {"version": "v7"}}))
+    assert production_version(root, "tiny") == "v7"
+    resolve = ResolveModelVersionOperator(task_id="r", artifact_root=root)
+    assert resolve.execute({}) == "v7"
+    pinned = ResolveModelVersionOperator(task_id="s", artifact_root=root, version="v2")
+    assert pinned.execute({}) == "v2"

@@ -1,0 +1,93 @@
+"""Batch embeddings of a corpus with a model version: resolve -> list shards -> embed -> verify.
+
+Runs whenever the default model's Asset ``embedfresh://models/tiny`` is updated (a
+promotion by ``embedding_model_refresh``), and by hand for any corpus, model and version.
+An empty ``version`` means the registry's production version of ``model``.
+
+The corpus's shards fan out with dynamic task mapping (``shards_per_task`` shards per
+mapped ``embed`` task); each skips shards already committed, so a retry only redoes what
+is missing. ``verify`` checks every shard against the corpus, writes the manifest and
+updates the Asset ``embedfresh://embeddings/<model>/<corpus>``.
+
+The Params' defaults run the embedded demo on CPU (after ``python -m jobs.generate_data``
+and a promotion, or with ``version`` set to a published model version).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from operators import (
+    BatchEmbeddingOperator,
+    CorpusShardsOperator,
+    EmbeddingVerifyOperator,
+    ResolveModelVersionOperator,
+    model_asset,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ARTIFACT_ROOT = os.environ.get("EMBEDFRESH_ARTIFACT_ROOT") or (
+    f"file://{REPO / 'artifacts' / 'airflow'}"
+)
+DEFAULT_MODEL = "tiny"
+
+COMMON = {
+    "artifact_root": "{{ params.artifact_root }}",
+    "model": "{{ params.model }}",
+    "backend": "{{ params.backend }}",
+}
+VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
+
+with DAG(
+    "corpus_embeddings",
+    description="Embeddings of a corpus with a model version, fanned out over its shards",
+    doc_md=__doc__,
+    schedule=[model_asset(DEFAULT_MODEL)],
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    params={
+        "artifact_root": Param(
+            DEFAULT_ARTIFACT_ROOT,
+            type="string",
+            description="Artifact store root URL: file:///... or s3://bucket/prefix",
+        ),
+        "model": Param(DEFAULT_MODEL, enum=["tiny", "minilm"], description="Model config name"),
+        "backend": Param(
+            "cpu", enum=["auto", "cpu", "cuda", "xla", "neuron"], description="Accelerator backend"
+        ),
+        "corpus": Param("products", type="string", description="Corpus name under corpora/"),
+        "version": Param(
+            "", type="string", description="Model version; empty: the production version"
+        ),
+        "shards_per_task": Param(
+            1, type="integer", minimum=1, description="Corpus shards per mapped embed task"
+        ),
+    },
+    tags=["embedfresh"],
+) as dag:
+    resolve_version = ResolveModelVersionOperator(
+        task_id="resolve_version",
+        artifact_root="{{ params.artifact_root }}",
+        model="{{ params.model }}",
+        version="{{ params.version }}",
+    )
+    list_shards = CorpusShardsOperator(
+        task_id="list_shards",
+        artifact_root="{{ params.artifact_root }}",
+        corpus="{{ params.corpus }}",
+        shards_per_task="{{ params.shards_per_task }}",
+    )
+    embed = BatchEmbeddingOperator.partial(
+        task_id="embed", **COMMON, version=VERSION, corpus="{{ params.corpus }}"
+    ).expand(shards=list_shards.output)
+    verify = EmbeddingVerifyOperator(
+        task_id="verify", **COMMON, version=VERSION, corpus="{{ params.corpus }}"
+    )
+
+    resolve_version >> list_shards >> embed >> verify
