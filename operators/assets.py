@@ -22,14 +22,18 @@ MODEL_PROMOTIONS_ALIAS = "embedfresh-model-promotions"
 EMBEDDING_PUBLICATIONS_ALIAS = "embedfresh-embedding-publications"
 
 
+MODEL_ASSET_URI = "embedfresh://models/{model}"
+EMBEDDINGS_ASSET_URI = "embedfresh://embeddings/{model}/{corpus}"
+
+
 def model_asset(model: str) -> Asset:
     """The Asset a promotion of ``model`` updates; consumers schedule on it."""
-    return Asset(f"embedfresh://models/{model}")
+    return Asset(MODEL_ASSET_URI.format(model=model))
 
 
 def embeddings_asset(model: str, corpus: str) -> Asset:
     """The Asset a verified embedding of ``corpus`` with ``model`` updates."""
-    return Asset(f"embedfresh://embeddings/{model}/{corpus}")
+    return Asset(EMBEDDINGS_ASSET_URI.format(model=model, corpus=corpus))
 
 
 def is_templated(*values: Any) -> bool:
@@ -39,12 +43,16 @@ def is_templated(*values: Any) -> bool:
 class AssetAnnouncingOperator(EmbedfreshJobOperator):
     """A job operator that, on success, updates one Asset with extra from the job's summary.
 
-    Subclasses set :attr:`asset_alias`, and implement :meth:`asset_for` (the Asset from
-    the operator's arguments, given as keyword arguments at construction or as rendered
-    attributes at run time) and :meth:`asset_extra`.
+    Subclasses declare the Asset: :attr:`asset_uri`, a format string over the operator
+    arguments named in :attr:`asset_defaults` (read from the keyword arguments at
+    construction, from the rendered attributes at run time), the :attr:`asset_alias` used
+    when any of them is templated, and :attr:`asset_extra_keys` (extra key -> summary key).
     """
 
     asset_alias: ClassVar[str]
+    asset_uri: ClassVar[str]
+    asset_defaults: ClassVar[dict[str, str]]
+    asset_extra_keys: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **kwargs: Any) -> None:
         if "outlets" not in kwargs:
@@ -59,14 +67,14 @@ class AssetAnnouncingOperator(EmbedfreshJobOperator):
     @classmethod
     def asset_arguments(cls, source: dict[str, Any]) -> dict[str, Any]:
         """The arguments :meth:`asset_for` takes, read from ``source`` (kwargs or attributes)."""
-        raise NotImplementedError
+        return {name: source.get(name, default) for name, default in cls.asset_defaults.items()}
 
     @classmethod
     def asset_for(cls, **args: Any) -> Asset:
-        raise NotImplementedError
+        return Asset(cls.asset_uri.format(**args))
 
     def asset_extra(self, summary: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        return {key: summary.get(source) for key, source in self.asset_extra_keys.items()}
 
     def execute(self, context: Any) -> dict[str, Any]:
         return self.announce(context, super().execute(context))

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
+    EMBEDDINGS_ASSET_URI,
     AssetAnnouncingOperator,
-    embeddings_asset,
 )
 from operators.base import EmbedfreshJobOperator
 from operators.registry import production_version
@@ -153,18 +153,9 @@ class EmbeddingVerifyOperator(AssetAnnouncingOperator, _EmbedJobOperator):
 
     job_name = "embed_verify"
     asset_alias = EMBEDDING_PUBLICATIONS_ALIAS
-
-    @classmethod
-    def asset_arguments(cls, source: dict[str, Any]) -> dict[str, Any]:
-        return {"model": source.get("model", "tiny"), "corpus": source.get("corpus", "products")}
-
-    @classmethod
-    def asset_for(cls, **args: Any) -> Asset:
-        return embeddings_asset(args["model"], args["corpus"])
+    asset_uri = EMBEDDINGS_ASSET_URI
+    asset_defaults = {"model": "tiny", "corpus": "products"}
+    asset_extra_keys = {"manifest": "manifest", "rows": "rows"}
 
     def asset_extra(self, summary: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "manifest": summary.get("manifest"),
-            "rows": summary.get("rows"),
-        }
+        return {"version": self.version, **super().asset_extra(summary)}

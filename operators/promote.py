@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from airflow.sdk import Asset
-
-from operators.assets import MODEL_PROMOTIONS_ALIAS, AssetAnnouncingOperator, model_asset
+from operators.assets import (
+    MODEL_ASSET_URI,
+    MODEL_PROMOTIONS_ALIAS,
+    AssetAnnouncingOperator,
+    model_asset,
+)
 
 __all__ = ["MODEL_PROMOTIONS_ALIAS", "PromoteModelOperator", "model_asset"]
 
@@ -23,14 +24,6 @@ class PromoteModelOperator(AssetAnnouncingOperator):
 
     job_name = "promote"
     asset_alias = MODEL_PROMOTIONS_ALIAS
-
-    @classmethod
-    def asset_arguments(cls, source: dict[str, Any]) -> dict[str, Any]:
-        return {"model": source.get("model", "tiny")}
-
-    @classmethod
-    def asset_for(cls, **args: Any) -> Asset:
-        return model_asset(args["model"])
-
-    def asset_extra(self, summary: dict[str, Any]) -> dict[str, Any]:
-        return {"version": summary.get("production"), "registry": summary.get("registry")}
+    asset_uri = MODEL_ASSET_URI
+    asset_defaults = {"model": "tiny"}
+    asset_extra_keys = {"version": "production", "registry": "registry"}
