@@ -13,18 +13,11 @@ Manual only. The training data is the partition of the run's data interval, as i
 from __future__ import annotations
 
 import datetime as dt
-import os
-from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
 from operators import BackendParityOperator
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ARTIFACT_ROOT = os.environ.get("EMBEDFRESH_ARTIFACT_ROOT") or (
-    f"file://{REPO / 'artifacts' / 'airflow'}"
-)
-BACKENDS = ["auto", "cpu", "cuda", "xla", "neuron"]
+from operators.params import artifact_root_param, backend_param, model_param
 
 with DAG(
     "accelerator_parity",
@@ -34,17 +27,13 @@ with DAG(
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     params={
-        "artifact_root": Param(
-            DEFAULT_ARTIFACT_ROOT,
-            type="string",
-            description="Artifact store root URL: file:///... or s3://bucket/prefix",
-        ),
-        "model": Param("tiny", enum=["tiny", "minilm"], description="Model config name"),
+        "artifact_root": artifact_root_param(),
+        "model": model_param(),
         "init_version": Param(
             "", type="string", description="Start version; empty: the production version"
         ),
-        "backend_a": Param("cpu", enum=BACKENDS, description="Reference backend"),
-        "backend_b": Param("xla", enum=BACKENDS, description="Candidate backend"),
+        "backend_a": backend_param("cpu", "Reference backend"),
+        "backend_b": backend_param("xla", "Candidate backend"),
         "eval_every": Param(
             10, type="integer", minimum=1, description="Optimizer steps between evaluations"
         ),

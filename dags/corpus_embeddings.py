@@ -16,8 +16,6 @@ and a promotion, or with ``version`` set to a published model version).
 from __future__ import annotations
 
 import datetime as dt
-import os
-from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
@@ -28,18 +26,8 @@ from operators import (
     ResolveModelVersionOperator,
     model_asset,
 )
+from operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ARTIFACT_ROOT = os.environ.get("EMBEDFRESH_ARTIFACT_ROOT") or (
-    f"file://{REPO / 'artifacts' / 'airflow'}"
-)
-DEFAULT_MODEL = "tiny"
-
-COMMON = {
-    "artifact_root": "{{ params.artifact_root }}",
-    "model": "{{ params.model }}",
-    "backend": "{{ params.backend }}",
-}
 VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
 
 with DAG(
@@ -52,15 +40,7 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=30)},
     params={
-        "artifact_root": Param(
-            DEFAULT_ARTIFACT_ROOT,
-            type="string",
-            description="Artifact store root URL: file:///... or s3://bucket/prefix",
-        ),
-        "model": Param(DEFAULT_MODEL, enum=["tiny", "minilm"], description="Model config name"),
-        "backend": Param(
-            "cpu", enum=["auto", "cpu", "cuda", "xla", "neuron"], description="Accelerator backend"
-        ),
+        **common_params(),
         "corpus": Param("products", type="string", description="Corpus name under corpora/"),
         "version": Param(
             "", type="string", description="Model version; empty: the production version"
@@ -84,10 +64,10 @@ with DAG(
         shards_per_task="{{ params.shards_per_task }}",
     )
     embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON, version=VERSION, corpus="{{ params.corpus }}"
+        task_id="embed", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
     ).expand(shards=list_shards.output)
     verify = EmbeddingVerifyOperator(
-        task_id="verify", **COMMON, version=VERSION, corpus="{{ params.corpus }}"
+        task_id="verify", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
     )
 
     resolve_version >> list_shards >> embed >> verify

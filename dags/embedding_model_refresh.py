@@ -1,12 +1,23 @@
-"""Daily refresh of the production embedding model: train -> evaluate -> gate -> promote -> embed.
+"""Daily refresh of the production embedding model, from health check to published embeddings.
 
-Each run trains the production model incrementally on the data interval's partition
-(resuming from its last checkpoint on a retry), evaluates it on the fixed held-out set,
-lets it through only if the quality gate says PASS (the 0.1% SLA) and then moves the
-production pointer, which updates the model's Asset ``embedfresh://models/<model>``.
-Then it embeds the ``products`` corpus with the promoted version, one mapped ``embed``
-task per corpus shard, and ``verify`` writes the manifest and updates the Asset
+health -> compile -> train -> evaluate -> gate -> promote -> list_shards -> embed (mapped)
+-> verify.
+
+``health`` checks the devices and links the run will use (a faulty one fails the run
+before anything expensive starts, no retry); ``compile`` traces the training graphs into
+the shared compile cache (a hit takes seconds); ``train`` trains the production model
+incrementally on the data interval's partition (resuming from its last checkpoint on a
+retry, with exponential backoff); ``evaluate`` scores it on the fixed held-out set;
+``gate`` lets it through only on PASS (the 0.1% SLA; no retry) and ``promote`` moves the
+production pointer, which updates the Asset ``embedfresh://models/<model>``. Then the
+``products`` corpus is embedded with the promoted version, one mapped ``embed`` task per
+shard, and ``verify`` writes the manifest and updates the Asset
 ``embedfresh://embeddings/<model>/products``.
+
+A Deadline Alert watches the whole run: if it is not done within
+``EMBEDFRESH_REFRESH_DEADLINE_SECONDS`` (default 6 hours) of being queued, the breach is
+logged and written to ``runs/<model>/<run_id>/reports/deadline.json`` (see
+``operators/deadline.py``), and Airflow marks the run's deadline missed.
 
 The Params' defaults run the embedded demo on CPU: generate data into the artifact root
 first (``python -m jobs.generate_data --root <artifact_root>``), then trigger.
@@ -21,12 +32,12 @@ the run of 2026-01-02 00:00 trains on partition ``dt=2026-01-01``.
 from __future__ import annotations
 
 import datetime as dt
-import os
-from pathlib import Path
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from operators import (
+    AcceleratorHealthOperator,
+    AheadOfTimeCompileOperator,
     BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
@@ -35,19 +46,17 @@ from operators import (
     PromoteModelOperator,
     QualityGateOperator,
 )
+from operators.deadline import refresh_deadline_alert
+from operators.params import COMMON_JOB_ARGS, common_params
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ARTIFACT_ROOT = os.environ.get("EMBEDFRESH_ARTIFACT_ROOT") or (
-    f"file://{REPO / 'artifacts' / 'airflow'}"
-)
-
-COMMON = {
-    "artifact_root": "{{ params.artifact_root }}",
-    "model": "{{ params.model }}",
-    "backend": "{{ params.backend }}",
-}
 CORPUS = "products"
 PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"
+# What the compile trial and the training share, so the trial traces the same graphs.
+TRAINING = {
+    **COMMON_JOB_ARGS,
+    "epochs": "{{ params.epochs }}",
+    "nproc_per_node": "{{ params.nproc }}",
+}
 
 with DAG(
     "embedding_model_refresh",
@@ -58,38 +67,52 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    deadline=refresh_deadline_alert(),
     params={
-        "artifact_root": Param(
-            DEFAULT_ARTIFACT_ROOT,
-            type="string",
-            description="Artifact store root URL: file:///... or s3://bucket/prefix",
-        ),
-        "model": Param("tiny", enum=["tiny", "minilm"], description="Model config name"),
-        "backend": Param(
-            "cpu", enum=["auto", "cpu", "cuda", "xla", "neuron"], description="Accelerator backend"
-        ),
+        **common_params(),
         "epochs": Param(3, type="integer", minimum=1, description="Training epochs"),
+        "nproc": Param(
+            1,
+            type="integer",
+            minimum=1,
+            description="Processes per node for health, compile and train (torchrun)",
+        ),
     },
     tags=["embedfresh"],
 ) as dag:
+    health = AcceleratorHealthOperator(
+        task_id="health", **COMMON_JOB_ARGS, nproc_per_node="{{ params.nproc }}", retries=0
+    )
+    compile_graphs = AheadOfTimeCompileOperator(task_id="compile", **TRAINING)
     train = IncrementalTrainingOperator(
         task_id="train",
-        **COMMON,
-        epochs="{{ params.epochs }}",
+        **TRAINING,
         retries=2,
         retry_delay=dt.timedelta(seconds=10),
         retry_exponential_backoff=2.0,
     )
-    evaluate = EvaluationOperator(task_id="evaluate", **COMMON)
-    gate = QualityGateOperator(task_id="gate", **COMMON, retries=0)
-    promote = PromoteModelOperator(task_id="promote", **COMMON)
+    evaluate = EvaluationOperator(task_id="evaluate", **COMMON_JOB_ARGS)
+    gate = QualityGateOperator(task_id="gate", **COMMON_JOB_ARGS, retries=0)
+    promote = PromoteModelOperator(task_id="promote", **COMMON_JOB_ARGS)
 
     list_shards = CorpusShardsOperator(
         task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpus=CORPUS
     )
     embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON, version=PROMOTED, corpus=CORPUS
+        task_id="embed", **COMMON_JOB_ARGS, version=PROMOTED, corpus=CORPUS
     ).expand(shards=list_shards.output)
-    verify = EmbeddingVerifyOperator(task_id="verify", **COMMON, version=PROMOTED, corpus=CORPUS)
+    verify = EmbeddingVerifyOperator(
+        task_id="verify", **COMMON_JOB_ARGS, version=PROMOTED, corpus=CORPUS
+    )
 
-    train >> evaluate >> gate >> promote >> list_shards >> embed >> verify
+    (
+        health
+        >> compile_graphs
+        >> train
+        >> evaluate
+        >> gate
+        >> promote
+        >> list_shards
+        >> embed
+        >> verify
+    )

@@ -6,6 +6,7 @@ run in their own processes (ruff TID253 keeps it so).
 
 from operators.assets import EMBEDDING_PUBLICATIONS_ALIAS, embeddings_asset
 from operators.base import EmbedfreshJobOperator
+from operators.compile import AheadOfTimeCompileOperator
 from operators.constants import ExecutionMode
 from operators.embed import (
     BatchEmbeddingOperator,
@@ -15,6 +16,7 @@ from operators.embed import (
 )
 from operators.evaluate import EvaluationOperator
 from operators.gate import QualityGateOperator
+from operators.health import AcceleratorHealthOperator
 from operators.job_spec import JobSpec
 from operators.parity import BackendParityOperator
 from operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
@@ -23,6 +25,8 @@ from operators.runners import AwsBatchRunner, BatchSettings, JobResult, LocalRun
 from operators.train import IncrementalTrainingOperator
 
 __all__ = [
+    "AcceleratorHealthOperator",
+    "AheadOfTimeCompileOperator",
     "EMBEDDING_PUBLICATIONS_ALIAS",
     "MODEL_PROMOTIONS_ALIAS",
     "AwsBatchRunner",

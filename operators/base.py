@@ -52,7 +52,8 @@ class EmbedfreshJobOperator(BaseOperator):
     :param env: environment variables for the job (templated).
     :param execution_mode: where the job runs: ``local`` (a subprocess of the worker) or
         ``aws_batch`` (an AWS Batch job; needs ``batch``).
-    :param nproc_per_node: processes per node (data parallel under torchrun).
+    :param nproc_per_node: processes per node (data parallel under torchrun); an int or a
+        template rendering to one, e.g. ``"{{ params.nproc }}"`` (templated).
     :param batch: with ``aws_batch``, the :class:`~operators.runners.BatchSettings` fields:
         ``job_definition``, ``job_queue``, ``num_nodes``, ``share_identifier``,
         ``deferrable``, ... (templated).
@@ -70,6 +71,7 @@ class EmbedfreshJobOperator(BaseOperator):
         "job_settings",
         "env",
         "batch",
+        "nproc_per_node",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "job_settings": "json",
@@ -88,7 +90,7 @@ class EmbedfreshJobOperator(BaseOperator):
         job_settings: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         execution_mode: str = ExecutionMode.LOCAL,
-        nproc_per_node: int = 1,
+        nproc_per_node: int | str = 1,
         batch: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -131,7 +133,7 @@ class EmbedfreshJobOperator(BaseOperator):
             job=self.job_name,
             settings=settings,
             env=self.env,
-            nproc_per_node=self.nproc_per_node,
+            nproc_per_node=int(self.nproc_per_node),
         )
 
     def execute(self, context: Any) -> dict[str, Any]:

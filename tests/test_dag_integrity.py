@@ -13,7 +13,12 @@ from pathlib import Path
 
 from tests.conftest import ROOT, job_env
 
-EXPECTED_DAGS = {"embedding_model_refresh", "corpus_embeddings", "accelerator_parity"}
+EXPECTED_DAGS = {
+    "embedding_model_refresh",
+    "corpus_embeddings",
+    "accelerator_parity",
+    "fleet_health",
+}
 HEAVY_MODULES = ("torch", "torch_xla", "boto3", "transformers", "sentence_transformers")
 
 PARSE = r"""
@@ -45,6 +50,16 @@ for dag_id, dag in bag.dags.items():
         },
         "params": {k: dag.params.get_param(k).value for k in dag.params},
         "has_doc": bool(dag.doc_md),
+        "deadlines": [
+            {
+                "reference": type(d.reference).__name__,
+                "interval_s": d.interval.total_seconds(),
+                "callback": d.callback.path,
+                "callback_kwargs": d.callback.kwargs,
+            }
+            for d in (dag.deadline or [])
+        ],
+        "native": dag.render_template_as_native_obj,
     }
 facts["heavy_modules_loaded"] = sorted(
     m for m in sys.argv[2:] if m in sys.modules and m not in airflow_loaded
@@ -54,7 +69,9 @@ print(json.dumps(facts, default=str))
 """
 
 
-def parse_dags(tmp_path: Path, extra_env: dict[str, str] | None = None) -> dict:
+def parse_dags(
+    tmp_path: Path, extra_env: dict[str, str] | None = None, allow_errors: bool = False
+) -> dict:
     env = job_env()
     env.pop("EMBEDFRESH_ARTIFACT_ROOT", None)  # the default under test
     env.update(
@@ -75,7 +92,9 @@ def parse_dags(tmp_path: Path, extra_env: dict[str, str] | None = None) -> dict:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert allow_errors or not facts["import_errors"], facts["import_errors"]
+    return facts
 
 
 def test_dags_parse_without_errors_cycles_or_heavy_imports(tmp_path: Path):
@@ -90,7 +109,9 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     dag = parse_dags(tmp_path)["dags"]["embedding_model_refresh"]
     tasks = dag["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "train": [],
+        "health": [],
+        "compile": ["health"],
+        "train": ["compile"],
         "evaluate": ["train"],
         "gate": ["evaluate"],
         "promote": ["gate"],
@@ -102,7 +123,10 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     assert train["retries"] == 2 and train["retry_exponential_backoff"] == 2.0
     assert train["retry_delay_s"] == 10
     assert {"data_interval_start", "data_interval_end", "epochs"} <= set(train["template_fields"])
-    assert tasks["gate"]["retries"] == 0
+    assert tasks["gate"]["retries"] == 0 and tasks["health"]["retries"] == 0
+    assert {"data_interval_start", "epochs", "nproc_per_node"} <= set(
+        tasks["compile"]["template_fields"]
+    )
     assert {"mode", "tolerance"} <= set(tasks["gate"]["template_fields"])
     assert {"version", "corpus", "shards", "token_budget"} <= set(tasks["embed"]["template_fields"])
     assert dag["params"] == {
@@ -110,6 +134,50 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "model": "tiny",
         "backend": "cpu",
         "epochs": 3,
+        "nproc": 1,
+    }
+    assert dag["deadlines"] == [
+        {
+            "reference": "DagRunQueuedAtDeadline",
+            "interval_s": 6 * 3600,
+            "callback": "operators.deadline.record_deadline_breach",
+            "callback_kwargs": {
+                "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+                "model": "tiny",
+                "interval_seconds": 6 * 3600,
+            },
+        }
+    ]
+
+
+def test_refresh_deadline_comes_from_the_environment(tmp_path: Path):
+    env = {"EMBEDFRESH_REFRESH_DEADLINE_SECONDS": "90"}
+    dag = parse_dags(tmp_path, env)["dags"]["embedding_model_refresh"]
+    assert [d["interval_s"] for d in dag["deadlines"]] == [90]
+
+
+def test_a_bad_deadline_setting_is_an_import_error_naming_it(tmp_path: Path):
+    env = {"EMBEDFRESH_REFRESH_DEADLINE_SECONDS": "soon"}
+    facts = parse_dags(tmp_path, env, allow_errors=True)
+    (error,) = facts["import_errors"].values()
+    assert "EMBEDFRESH_REFRESH_DEADLINE_SECONDS must be a positive number of seconds" in error
+    assert "embedding_model_refresh" not in facts["dags"]
+
+
+def test_fleet_health_is_one_health_task_with_threshold_params(tmp_path: Path):
+    dag = parse_dags(tmp_path)["dags"]["fleet_health"]
+    health = dag["tasks"]["health"]
+    assert list(dag["tasks"]) == ["health"] and health["retries"] == 0
+    assert {"nproc_per_node", "job_settings", "backend"} <= set(health["template_fields"])
+    assert dag["native"] is True
+    assert dag["params"] == {
+        "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+        "model": "tiny",
+        "backend": "cpu",
+        "nproc": 1,
+        "min_busbw_gbps": {},
+        "tensor_rtol": None,
+        "expected_devices": None,
     }
 
 
