@@ -1,0 +1,183 @@
+"""The plugin's FastAPI app: the "Model quality" page and its JSON endpoints.
+
+Mounted by the api-server under :data:`~plugins.model_quality.settings.URL_PREFIX`.
+Every route requires a user the api-server's auth manager accepts (the JWT cookie the
+Airflow login sets, or an ``Authorization: Bearer`` token) and who may see the Airflow
+website; ids in URLs are checked with :func:`jobs.layout.safe_id` before they reach the
+store; errors come back as a message (HTML for the page, JSON for ``/api``), never as
+a stack trace. The endpoints are documented in docs/UI.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from jobs import layout
+from jobs.exit_codes import BadInputError
+from jobs.storage import ArtifactStore
+from plugins.model_quality import reports
+from plugins.model_quality.chart import curve_chart
+from plugins.model_quality.page import message_page, render_page
+from plugins.model_quality.settings import URL_PREFIX, artifact_root
+
+log = logging.getLogger(__name__)
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def authorized_user(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Any:
+    """The Airflow user behind the request, checked by the api-server's auth manager.
+
+    :raises HTTPException: 401 without a valid token, 403 when the user may not see
+        the Airflow website.
+    """
+    # Imported here: the plugin module is loaded by every Airflow component, the
+    # api-server's security machinery is needed only when a request arrives.
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import get_user
+
+    user = await get_user(request, None, bearer)
+    if not get_auth_manager().is_authorized_view(access_view=AccessView.WEBSITE, user=user):
+        raise HTTPException(status_code=403, detail="you may not view the Airflow website")
+    return user
+
+
+def _store(request: Request) -> ArtifactStore:
+    return ArtifactStore(request.app.state.artifact_root or artifact_root())
+
+
+Store = Annotated[ArtifactStore, Depends(_store)]
+
+
+def _model(model: str) -> str:
+    return layout.safe_id(model, "model")
+
+
+def _wants_html(request: Request) -> bool:
+    return not request.url.path.startswith(f"{request.scope.get('root_path', '')}/api")
+
+
+def _error(request: Request, status: int, message: str) -> Response:
+    if not _wants_html(request):
+        return JSONResponse({"detail": message}, status_code=status)
+    link = None
+    if status == 401:
+        link = (_login_url(request), "Log in to Airflow")
+    return HTMLResponse(message_page("Model quality", message, link), status_code=status)
+
+
+def _login_url(request: Request) -> str:
+    try:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return get_auth_manager().get_url_login(next_url=str(request.url))
+    except Exception:  # no auth manager initialised: the message still stands
+        return "/"
+
+
+def create_app(root: str | None = None) -> FastAPI:
+    """The plugin app; ``root`` overrides the artifact root (tests), else the DAGs' root."""
+    app = FastAPI(
+        title="Model quality",
+        description="Registry, gate decisions, curves, health, compile cache and embeddings.",
+        dependencies=[Depends(authorized_user)],
+    )
+    app.state.artifact_root = root
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(BadInputError)
+    async def bad_input(request: Request, exc: BadInputError) -> Response:
+        return _error(request, 400, str(exc))
+
+    @app.exception_handler(reports.ReportError)
+    async def bad_report(request: Request, exc: reports.ReportError) -> Response:
+        return _error(request, 422, str(exc))
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("model quality page failed")
+        return _error(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
+
+    @app.get("/", response_class=HTMLResponse, summary="The Model quality page")
+    def page(store: Store, model: str | None = None) -> HTMLResponse:
+        names = reports.models(store)
+        if model is None:
+            if not names:
+                return HTMLResponse(
+                    message_page(
+                        "Model quality",
+                        f"no model in the artifact store {store.root} yet: run a DAG first",
+                    )
+                )
+            model = names[0]
+        model = _model(model)
+        return HTMLResponse(render_page(model, names, reports.overview(store, model), store.root))
+
+    @app.get("/chart.svg", summary="The latest candidate's evaluation curve as SVG")
+    def chart(store: Store, model: str) -> Response:
+        section = reports.guarded(
+            "evaluation curve", lambda: reports.latest_curve(store, _model(model))
+        )
+        if not section.available:
+            raise HTTPException(status_code=404, detail=section.message)
+        return Response(curve_chart(section.data), media_type="image/svg+xml")
+
+    @app.get("/api/models", summary="Models found in the artifact store")
+    def list_models(store: Store) -> dict[str, Any]:
+        return {"artifact_root": store.root, "models": reports.models(store)}
+
+    @app.get("/api/models/{model}", summary="Every section of the page for one model")
+    def overview(store: Store, model: str) -> dict[str, Any]:
+        sections = reports.overview(store, _model(model))
+        return {"model": model, **{k: s.as_dict() for k, s in sections.items()}}
+
+    section_readers = {
+        "registry": reports.registry,
+        "decisions": reports.decisions,
+        "curve": reports.latest_curve,
+        "health": reports.health,
+        "compile-cache": reports.compile_cache,
+        "embeddings": reports.embeddings,
+    }
+
+    @app.get("/api/models/{model}/{section}", summary="One section of the page")
+    def section(store: Store, model: str, section: str) -> dict[str, Any]:
+        reader = section_readers.get(section)
+        if reader is None:
+            raise HTTPException(
+                status_code=404,
+                detail=f"unknown section {section!r}; one of {', '.join(section_readers)}",
+            )
+        model = _model(model)
+        return reports.guarded(section, lambda: reader(store, model)).as_dict()
+
+    @app.get("/api/models/{model}/runs/{run_id}/gate", summary="One run's gate.json, whole")
+    def gate(store: Store, model: str, run_id: str) -> dict[str, Any]:
+        model, run_id = _model(model), layout.safe_id(run_id, "run id")
+        doc = reports.gate_report(store, model, run_id)
+        if doc is None:
+            raise HTTPException(
+                status_code=404,
+                detail=f"no gate report for {model} run {run_id} "
+                f"({store.url(layout.report(model, run_id, 'gate'))})",
+            )
+        return doc
+
+    return app
+
+
+def plugin_app_spec() -> dict[str, Any]:
+    """The ``fastapi_apps`` entry of the AirflowPlugin."""
+    return {"app": create_app(), "url_prefix": URL_PREFIX, "name": "Model quality"}

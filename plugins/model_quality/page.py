@@ -1,0 +1,277 @@
+"""The "Model quality" HTML page, rendered on the server from the report sections.
+
+Plain HTML and inline CSS: the page runs inside the Airflow UI's iframe (external view),
+needs no build step and fetches nothing from the internet. Every value from the store
+is escaped; every link is relative to the plugin's prefix so a reverse proxy path works.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from plugins.model_quality.chart import VERDICT_COLOURS, curve_chart
+from plugins.model_quality.reports import Section
+from plugins.model_quality.settings import REFRESH_DAG_ID
+
+#: Run id prefixes Airflow gives DAG runs (DagRunType); other ids came from a shell.
+AIRFLOW_RUN_PREFIXES = ("manual__", "scheduled__", "asset_triggered__", "backfill__")
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 16px 24px; color: #1f2328; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+.na { color: #656d76; font-style: italic; }
+.problem { color: #cf222e; }
+.verdict { font-weight: bold; }
+nav a { margin-right: 12px; }
+"""
+
+NA = '<span class="na">not available</span>'
+
+
+def _v(value: Any) -> str:
+    """A cell value: escaped, or "not available" for a missing one."""
+    if value is None or value == "":
+        return NA
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return escape(str(value))
+
+
+def _pct(value: Any) -> str:
+    return f"{value:+.3%}" if isinstance(value, int | float) else NA
+
+
+def verdict_html(verdict: Any) -> str:
+    colour = VERDICT_COLOURS.get(str(verdict), "#1f2328")
+    return f'<span class="verdict" style="color:{colour}">{_v(verdict)}</span>'
+
+
+def dag_run_link(run_id: str, dag_id: str | None) -> str:
+    """A link into the Airflow UI for runs made by a DAG; plain text otherwise."""
+    dag = dag_id or (REFRESH_DAG_ID if run_id.startswith(AIRFLOW_RUN_PREFIXES) else None)
+    if dag is None:
+        return f"{escape(run_id)} <span class='na'>(not a DAG run)</span>"
+    href = f"../dags/{quote(dag, safe='')}/runs/{quote(run_id, safe='')}"
+    return f'<a href="{escape(href)}" target="_top">{escape(run_id)}</a>'
+
+
+def table(headers: list[str], rows: list[list[str]], css_id: str = "") -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    ident = f' id="{css_id}"' if css_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _section(title: str, section: Section, body) -> str:
+    problems = "".join(f'<p class="problem">{escape(p)}</p>' for p in section.problems)
+    content = (
+        body(section.data) if section.available else f'<p class="na">{escape(section.message)}</p>'
+    )
+    return f"<section><h2>{escape(title)}</h2>{content}{problems}</section>"
+
+
+def _metrics_cell(metrics: list[dict[str, Any]]) -> str:
+    if not metrics:
+        return NA
+    return "<br>".join(
+        f"{escape(str(m.get('metric')))}: d {_pct(m.get('d'))} "
+        f"[{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}] {verdict_html(m.get('verdict'))}"
+        for m in metrics
+    )
+
+
+def _registry(data: dict[str, Any]) -> str:
+    prod = data.get("production") or {}
+    rows = [
+        [
+            _v(h.get("version")),
+            verdict_html(h.get("verdict")),
+            _v(h.get("mode")),
+            _v(h.get("reference")),
+            _v(h.get("previous")),
+            _v(h.get("promoted_at")),
+            dag_run_link(str(h.get("run_id")), h.get("dag_id")) if h.get("run_id") else NA,
+        ]
+        for h in data.get("history") or []
+    ]
+    return (
+        f'<p>Production version: <strong id="production-version">{_v(prod.get("version"))}'
+        f"</strong>, promoted {_v(prod.get('promoted_at'))} "
+        f"(registry <code>{_v(data.get('url'))}</code>)</p>"
+        + table(
+            ["version", "verdict", "mode", "reference", "previous", "promoted at", "run"],
+            rows,
+            "registry",
+        )
+    )
+
+
+def _decisions(rows: list[dict[str, Any]]) -> str:
+    return table(
+        ["run", "verdict", "mode", "candidate", "reference", "n", "d and interval", "reason"],
+        [
+            [
+                dag_run_link(r["run_id"], r.get("dag_id")),
+                verdict_html(r.get("verdict")),
+                _v(r.get("mode")),
+                _v(r.get("candidate")),
+                _v(r.get("reference")),
+                _v(r.get("n")),
+                _metrics_cell(r.get("metrics") or []),
+                _v(r.get("reason")),
+            ]
+            for r in rows
+        ],
+        "decisions",
+    )
+
+
+def _curve(data: dict[str, Any]) -> str:
+    final = data["points"][-1]["metrics"] if data.get("points") else []
+    values = table(
+        ["metric", "candidate", "reference", "d", "interval", "verdict"],
+        [
+            [
+                _v(m.get("metric")),
+                _v(m.get("m_cand")),
+                _v(m.get("m_ref")),
+                _pct(m.get("d")),
+                f"[{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}]",
+                verdict_html(m.get("verdict")),
+            ]
+            for m in final
+        ],
+        "curve-values",
+    )
+    return f'<div id="chart">{curve_chart(data)}</div>{values}'
+
+
+def _health(data: dict[str, Any]) -> str:
+    ranks = table(
+        ["host", "rank", "device", "run", "at", "checks"],
+        [
+            [
+                _v(r.get("host")),
+                _v(r.get("rank")),
+                _v(r.get("device")),
+                _v(r.get("run_id")),
+                _v(r.get("created_at")),
+                "<br>".join(
+                    f"{'PASS' if c.get('passed') else 'FAIL'} {_v(c.get('name'))}"
+                    + (f": {_v(c.get('detail'))}" if c.get("detail") else "")
+                    for c in r.get("checks") or []
+                )
+                or NA,
+            ]
+            for r in data.get("ranks") or []
+        ],
+        "health-ranks",
+    )
+    collectives = table(
+        ["op", "size (bytes)", "algbw (GB/s)", "busbw (GB/s)", "passed"],
+        [
+            [
+                _v(c.get("op")),
+                _v(c.get("size_bytes")),
+                _v(c.get("algbw_gbps")),
+                _v(c.get("busbw_gbps")),
+                _v(c.get("passed")),
+            ]
+            for c in data.get("collectives") or []
+        ],
+        "health-collectives",
+    )
+    failed = ", ".join(escape(str(f)) for f in data.get("failed") or []) or "none"
+    return (
+        f"<p>Latest verdict {verdict_html(data.get('verdict'))} on {_v(data.get('backend'))}, "
+        f"world size {_v(data.get('world_size'))}, run {_v(data.get('run_id'))} "
+        f"at {_v(data.get('created_at'))}; failed: {failed}</p>{ranks}"
+        + (collectives if data.get("collectives") else '<p class="na">no collectives measured</p>')
+    )
+
+
+def _compile_cache(entries: list[dict[str, Any]]) -> str:
+    def hits(history: list[dict[str, Any]]) -> str:
+        if not history:
+            return NA
+        return "<br>".join(
+            f"{_v(h.get('run_id'))}: {'hit' if h.get('cache_hit') else 'miss'}"
+            f" ({_v(h.get('graphs'))} graphs, first step {_v(h.get('warm_seconds_to_first_step') if h.get('cache_hit') else h.get('cold_seconds_to_first_step'))} s)"
+            for h in history
+        )
+
+    return table(
+        ["backend", "key", "committed", "size (bytes)", "hit/miss history"],
+        [
+            [
+                _v(e.get("backend")),
+                f"<code>{_v(e.get('key'))}</code>",
+                "yes" if e.get("committed") else "no",
+                _v(e.get("size_bytes")),
+                hits(e.get("history") or []),
+            ]
+            for e in entries
+        ],
+        "compile-cache",
+    )
+
+
+def _embeddings(runs: list[dict[str, Any]]) -> str:
+    return table(
+        ["version", "corpus", "rows", "parts", "sentences/s", "manifest", "at"],
+        [
+            [
+                _v(r.get("version")),
+                _v(r.get("corpus")),
+                _v(r.get("rows")),
+                _v(r.get("parts")),
+                _v(r.get("sentences_per_s")),
+                _v(r.get("status")),
+                _v(r.get("created_at")),
+            ]
+            for r in runs
+        ],
+        "embeddings",
+    )
+
+
+def render_page(model: str, models: list[str], sections: dict[str, Section], root: str) -> str:
+    nav = "".join(
+        f'<a href="?model={quote(m, safe="")}">{"<strong>" + escape(m) + "</strong>" if m == model else escape(m)}</a>'
+        for m in models
+    )
+    body = "".join(
+        [
+            _section("Registry", sections["registry"], _registry),
+            _section("Gate decisions", sections["decisions"], _decisions),
+            _section("Latest candidate vs reference (evaluation curve)", sections["curve"], _curve),
+            _section("Health (latest per host and rank)", sections["health"], _health),
+            _section("Compile cache", sections["compile_cache"], _compile_cache),
+            _section("Embedding runs", sections["embeddings"], _embeddings),
+        ]
+    )
+    return document(
+        f"Model quality: {model}",
+        f"<nav>Models: {nav}</nav><p class='na'>artifact store {escape(root)}</p>{body}",
+    )
+
+
+def document(title: str, body: str) -> str:
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head>"
+        f"<body><h1>{escape(title)}</h1>{body}</body></html>"
+    )
+
+
+def message_page(title: str, message: str, link: tuple[str, str] | None = None) -> str:
+    """An error or notice as a page: the message, never a stack trace."""
+    extra = (
+        f'<p><a href="{escape(link[0])}" target="_top">{escape(link[1])}</a></p>' if link else ""
+    )
+    return document(title, f'<p class="problem" id="message">{escape(message)}</p>{extra}')

@@ -1,0 +1,311 @@
+"""The "Model quality" plugin's FastAPI app on fixture artifacts, through FastAPI's TestClient.
+
+Authentication is real: tokens come from the api-server's auth manager (Airflow's
+SimpleAuthManager), so an unauthenticated or unauthorised request is refused by the same
+code path the api-server uses. The fixture store (tests/plugin_fixtures/store) holds two
+real gate reports and a registry written by the jobs, plus health, compile and embedding
+reports in the shapes the jobs write; each test gets its own copy to damage.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import ROOT
+
+FIXTURE_STORE = Path(__file__).parent / "plugin_fixtures" / "store"
+GATE_RUN = "manual__2026-01-02T00:00:00+00:00"
+
+
+@pytest.fixture(scope="module")
+def auth(tmp_path_factory: pytest.TempPathFactory):
+    """The api-server's auth manager, initialised with its password file in a tmp dir."""
+    mp = pytest.MonkeyPatch()
+    home = tmp_path_factory.mktemp("airflow-home")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(home / "passwords.json"))
+    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "plugin-api-test-secret-" + "x" * 48)
+    # Token validation asks the metadata database whether the token was revoked: point
+    # the ORM at a throw-away SQLite file holding that one table, and back afterwards.
+    mp.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{home / 'airflow.db'}")
+    from airflow import settings
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.models.revoked_token import RevokedToken
+
+    settings.dispose_orm(do_log=False)
+    settings.configure_vars()
+    settings.configure_orm()
+    RevokedToken.__table__.create(settings.engine)
+    try:
+        yield init_auth_manager()
+    finally:
+        settings.dispose_orm(do_log=False)
+        mp.undo()
+        settings.configure_vars()
+        settings.configure_orm()
+
+
+def token(auth, role: str | None) -> str:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return auth.generate_jwt(SimpleAuthManagerUser(username=f"user-{role}", role=role))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    dest = tmp_path / "store"
+    shutil.copytree(FIXTURE_STORE, dest)
+    return dest
+
+
+@pytest.fixture
+def client(auth, store: Path) -> TestClient:
+    from plugins.model_quality import create_app
+
+    c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
+    return c
+
+
+# -- authentication ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/api/models", "/api/models/tiny", "/chart.svg?model=tiny"])
+def test_unauthenticated_requests_are_refused(auth, store: Path, path: str):
+    from plugins.model_quality import create_app
+
+    anonymous = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    r = anonymous.get(path)
+    assert r.status_code == 401, r.text
+    for leak in ("demo-2026-01-01", "INCONCLUSIVE", "k0a1b2c3", "<svg"):
+        assert leak not in r.text  # nothing from the store
+    assert "Traceback" not in r.text
+    if not path.startswith("/api"):
+        assert "Log in to Airflow" in r.text  # the page offers the way in
+
+
+def test_forged_token_and_unauthorised_user_are_refused(auth, store: Path):
+    from plugins.model_quality import create_app
+
+    c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    good = token(auth, "viewer")
+    forged = good[:-4] + ("AAAA" if not good.endswith("AAAA") else "BBBB")
+    assert c.get("/api/models", headers={"Authorization": f"Bearer {forged}"}).status_code == 403
+    no_role = token(auth, None)
+    r = c.get("/api/models", headers={"Authorization": f"Bearer {no_role}"})
+    assert r.status_code == 403, r.text
+
+
+def test_the_login_cookie_authenticates(auth, store: Path):
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+    from plugins.model_quality import create_app
+
+    c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    c.cookies.set(COOKIE_NAME_JWT_TOKEN, token(auth, "viewer"))
+    r = c.get("/api/models")
+    assert r.status_code == 200, r.text
+    assert r.json()["models"] == ["tiny"]
+
+
+# -- content -------------------------------------------------------------------------
+
+
+def test_page_shows_registry_decisions_chart_health_cache_and_embeddings(client: TestClient):
+    r = client.get("/?model=tiny")
+    assert r.status_code == 200, r.text
+    html = r.text
+    assert 'id="production-version">demo-2026-01-01<' in html
+    assert "INCONCLUSIVE" in html and "PASS" in html
+    # The Airflow-run id links into the Airflow UI, the shell-made one does not.
+    assert (
+        'href="../dags/embedding_model_refresh/runs/manual__2026-01-02T00%3A00%3A00%2B00%3A00"'
+        in html
+    )
+    assert "demo-2026-01-01 <span class='na'>(not a DAG run)</span>" in html
+    assert "<svg" in html and 'class="tolerance-band"' in html
+    assert "rank1/allreduce" in html  # the newest health report failed on rank 1
+    assert "k0a1b2c3" in html and "kdead" in html
+    assert "verified" in html and "incomplete: no manifest yet" in html
+
+
+def test_decisions_newest_first_with_interval_and_n(client: TestClient):
+    data = client.get("/api/models/tiny/decisions").json()
+    assert data["available"], data
+    rows = data["data"]
+    assert [r["run_id"] for r in rows] == [GATE_RUN, "demo-2026-01-01"]
+    newest = rows[0]
+    assert newest["verdict"] == "INCONCLUSIVE" and newest["mode"] == "no_regression"
+    assert newest["reference"] == "demo-2026-01-01" and newest["n"] == 40000
+    acc = next(m for m in newest["metrics"] if m["metric"] == "accuracy")
+    assert acc["ci_low"] < acc["d"] < acc["ci_high"]
+
+
+def test_registry_history_and_production(client: TestClient):
+    data = client.get("/api/models/tiny/registry").json()["data"]
+    assert data["production"]["version"] == "demo-2026-01-01"
+    assert [h["version"] for h in data["history"]] == ["demo-2026-01-01"]
+
+
+def test_health_keeps_the_newest_result_per_host_and_rank(client: TestClient, store: Path):
+    # An older report from another host must still show for that host.
+    older = json.loads((store / "runs/tiny/health-a/reports/health.json").read_text())
+    older["ranks"][0]["host"] = "node-b"
+    (store / "runs/tiny/health-a/reports/health.json").write_text(json.dumps(older))
+    data = client.get("/api/models/tiny/health").json()["data"]
+    assert data["verdict"] == "FAIL" and data["run_id"] == "health-b"
+    by_key = {(r["host"], r["rank"]): r for r in data["ranks"]}
+    assert (
+        by_key[("node-a", 1)]["passed"] is False and by_key[("node-a", 1)]["run_id"] == "health-b"
+    )
+    assert by_key[("node-b", 0)]["run_id"] == "health-a"
+    assert [c["size_bytes"] for c in data["collectives"]] == [1024, 1048576]
+
+
+def test_compile_cache_sizes_from_markers_and_hit_history(client: TestClient):
+    entries = {e["key"]: e for e in client.get("/api/models/tiny/compile-cache").json()["data"]}
+    committed = entries["k0a1b2c3"]
+    assert committed["committed"] and committed["size_bytes"] == 4096 + 1000
+    assert [h["cache_hit"] for h in committed["history"]] == [True, False]  # newest first
+    assert entries["kdead"]["committed"] is False
+
+
+def test_chart_draws_every_metric_and_the_band(client: TestClient):
+    r = client.get("/chart.svg?model=tiny")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    svg = r.text
+    assert svg.count('class="point"') == 4  # four metrics at the one "final" point
+    assert "+/-0.1% tolerance" in svg and 'class="tolerance-band"' in svg
+
+
+# -- missing and corrupted reports ---------------------------------------------------
+
+
+def test_empty_store_says_so(client: TestClient, store: Path):
+    shutil.rmtree(store)
+    store.mkdir()
+    r = client.get("/")
+    assert r.status_code == 200
+    assert "no model in the artifact store" in r.text
+
+
+def test_missing_reports_render_not_available(client: TestClient, store: Path):
+    for sub in ("models", "compile-cache", "embeddings"):
+        shutil.rmtree(store / sub)
+    for run in store.glob("runs/tiny/*"):
+        if run.name != GATE_RUN:
+            shutil.rmtree(run)
+    (store / "runs/tiny" / GATE_RUN / "reports/gate.json").unlink()
+    (store / "runs/tiny/other/reports").mkdir(parents=True)
+    r = client.get("/?model=tiny")
+    assert r.status_code == 200, r.text
+    for message in (
+        "no registry yet: tiny has never been promoted",
+        "no gate decision for tiny yet",
+        "no health report for tiny yet",
+        "no compile cache entries yet",
+        "no embedding runs for tiny yet",
+    ):
+        assert message in r.text
+    assert client.get("/chart.svg?model=tiny").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "content", [b"{not json", b"\xff\xfe\x00", b"[1, 2]", b'{"mode": "parity"}'], ids=str
+)
+def test_corrupted_gate_report_is_named_and_the_rest_still_shows(
+    client: TestClient, store: Path, content: bytes
+):
+    bad = store / "runs/tiny" / GATE_RUN / "reports/gate.json"
+    bad.write_bytes(content)
+    page = client.get("/?model=tiny")
+    assert page.status_code == 200
+    assert f"{bad}" in page.text  # the problem names the file
+    assert 'id="production-version">demo-2026-01-01<' in page.text
+    rows = client.get("/api/models/tiny/decisions").json()
+    assert [r["run_id"] for r in rows["data"]] == ["demo-2026-01-01"]
+    assert any(str(bad) in p for p in rows["problems"])
+    whole = client.get(f"/api/models/tiny/runs/{GATE_RUN}/gate")
+    assert whole.status_code == 422 and str(bad) in whole.json()["detail"]
+
+
+@pytest.mark.parametrize("content", [b"{truncated", b'{"model": "tiny", "history": 5}', b"null"])
+def test_corrupted_registry_is_a_message(client: TestClient, store: Path, content: bytes):
+    (store / "models/tiny/registry.json").write_bytes(content)
+    page = client.get("/?model=tiny")
+    assert page.status_code == 200
+    assert "registry not available:" in page.text and "Traceback" not in page.text
+    data = client.get("/api/models/tiny/registry").json()
+    assert data["available"] is False and "registry.json" in data["message"]
+
+
+def test_corrupted_manifest_and_compile_report(client: TestClient, store: Path):
+    (store / "embeddings/tiny/demo-2026-01-01/products/_MANIFEST.json").write_text("{oops")
+    (store / "runs/tiny/compile-2/reports/compile.json").write_text('{"backend": "cpu"}')
+    emb = client.get("/api/models/tiny/embeddings").json()
+    assert {r["corpus"]: r["status"] for r in emb["data"]}["products"] == "manifest unreadable"
+    cache = client.get("/api/models/tiny/compile-cache").json()
+    assert any("lacks key" in p for p in cache["problems"])
+
+
+def test_unreachable_store_is_a_message_not_a_stack_trace(auth):
+    from plugins.model_quality import create_app
+
+    c = TestClient(create_app("s3://"), raise_server_exceptions=False)
+    c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
+    r = c.get("/")
+    assert r.status_code == 400 and "names no bucket" in r.text and "Traceback" not in r.text
+
+
+# -- ids in URLs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/?model=..",
+        "/?model=../../etc",
+        "/?model=tiny%2F..%2F..",
+        "/chart.svg?model=..%2Fmodels",
+        "/api/models/..%2e/registry",
+        "/api/models/tiny/runs/.../gate",
+        "/api/models/tiny/runs/%2e%2e/gate",
+        "/api/models/tiny/runs/..%2F..%2Fmodels%2Ftiny/gate",
+        "/api/models/%2Fetc/registry",
+        "/api/models/tiny%00/registry",
+    ],
+)
+def test_traversal_attempts_are_rejected(client: TestClient, store: Path, path: str):
+    secret = store.parent / "secret.json"
+    secret.write_text('{"verdict": "PASS", "password": "hunter2"}')
+    r = client.get(path)
+    assert r.status_code in (400, 404), (path, r.status_code, r.text)
+    assert "hunter2" not in r.text and "Traceback" not in r.text
+
+
+def test_unknown_section_is_404_with_the_list(client: TestClient):
+    r = client.get("/api/models/tiny/bogus")
+    assert r.status_code == 404 and "registry" in r.json()["detail"]
+
+
+# -- import weight -------------------------------------------------------------------
+
+
+def test_plugin_and_storage_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "import plugins.model_quality_plugin, plugins.model_quality.reports, jobs.storage\n"
+        "heavy = [m for m in ('torch', 'torch_xla', 'transformers', 'boto3') if m in sys.modules]\n"
+        "print(heavy)\n"
+        "sys.exit(1 if heavy else 0)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
