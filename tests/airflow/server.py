@@ -1,0 +1,223 @@
+"""A real Airflow (``airflow standalone``: api-server, scheduler, dag-processor,
+triggerer) on 127.0.0.1 for the end-to-end tests, and a small client for its REST API.
+
+The server runs in its own session so that stopping it ends the whole process group:
+standalone's parts, the LocalExecutor's workers and any job they started. Every port
+(API, the scheduler's and triggerer's log servers) is picked free at start, so several
+of these can run side by side on one box. :meth:`AirflowServer.stop` is idempotent and
+waits for the group to be gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.airflow_home import AIRFLOW, airflow_home
+from tests.conftest import ROOT
+
+#: The project's main DAG, which the scheduler tests run.
+REFRESH = "embedding_model_refresh"
+
+#: Dag run states after which nothing moves any more.
+FINISHED_RUN_STATES = ("success", "failed")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(home: Path, artifact_root: str) -> dict[str, str]:
+    """Environment of ``airflow standalone`` in ``home``: a migrated SQLite database, the
+    project's DAGs, free ports on 127.0.0.1, and settings for a 2-core box."""
+    env = airflow_home(home, artifact_root)
+    port = free_port()
+    env.update(
+        {
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            # Task runners talk to the api-server; its default URL has port 8080.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            # LocalExecutor starts `parallelism` workers: 32 by default, too many here.
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            # The DAG files do not change during a test: parse them once.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        }
+    )
+    return env
+
+
+class AirflowServer:
+    """``airflow standalone`` started in its own process group, logging to a file."""
+
+    #: Seconds after which the server stops itself, whatever happens to the test process.
+    max_lifetime_s = 1200
+
+    def __init__(self, home: Path, artifact_root: str) -> None:
+        self.home = home
+        self.env = server_env(home, artifact_root)
+        self.base_url = f"http://127.0.0.1:{self.env['AIRFLOW__API__PORT']}"
+        self.log_path = home / "standalone.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._token: str | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float = 180) -> AirflowServer:
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                # timeout ends the whole group even if pytest itself is killed.
+                ["timeout", "-k", "10", str(self.max_lifetime_s), AIRFLOW, "standalone"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.wait_for(self._api_answers, timeout, "the api-server to answer")
+        return self
+
+    def _api_answers(self) -> bool:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise RuntimeError(
+                f"airflow standalone exited {self._proc.returncode}:\n{self.log_tail()}"
+            )
+        try:
+            return httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, grace_s: float = 5) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: standalone leads its own group
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            proc.poll()
+            time.sleep(0.2)
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait_for(self, condition: Callable[[], Any], timeout: float, what: str, every: float = 1):
+        """Poll ``condition`` until it returns something truthy; fail with the server log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(every)
+        raise TimeoutError(f"waited {timeout:.0f} s for {what}; server log:\n{self.log_tail()}")
+
+    # --- REST API (/api/v2) -------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        # SIMPLE_AUTH_MANAGER_ALL_ADMINS: /auth/token hands out an admin token on a GET.
+        if self._token is None:
+            response = httpx.get(f"{self.base_url}/auth/token", timeout=30)
+            response.raise_for_status()
+            self._token = response.json()["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = httpx.request(
+            method,
+            f"{self.base_url}/api/v2{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+            **kwargs,
+        )
+        if response.status_code >= 400:
+            raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json() if response.content else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> dict[str, Any]:
+        """The DAG once the dag-processor has parsed and serialised it."""
+
+        def parsed() -> dict[str, Any] | None:
+            response = httpx.get(
+                f"{self.base_url}/api/v2/dags/{dag_id}",
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=30,
+            )
+            return response.json() if response.status_code == 200 else None
+
+        return self.wait_for(parsed, timeout, f"DAG {dag_id} to be parsed")
+
+    def unpause(self, dag_id: str) -> dict[str, Any]:
+        return self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def trigger(
+        self, dag_id: str, run_id: str, logical_date: str, conf: dict[str, Any]
+    ) -> dict[str, Any]:
+        body = {"dag_run_id": run_id, "logical_date": logical_date, "conf": conf}
+        return self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict[str, Any]:
+        """The run once it is finished (success or failed)."""
+
+        def finished() -> dict[str, Any] | None:
+            run = self.dag_run(dag_id, run_id)
+            return run if run["state"] in FINISHED_RUN_STATES else None
+
+        return self.wait_for(finished, timeout, f"run {run_id} of {dag_id} to finish", every=2)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Every task instance of the run, mapped ones included (one per map index)."""
+        page = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")
+        return page["task_instances"]
+
+
+def task_states(tis: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """``{task_id: state}`` of unmapped tasks, ``{task_id[i]: state}`` of mapped ones."""
+    return {
+        ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti["state"]
+        for ti in tis
+    }
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,78 @@
+"""SIGKILL of the training job mid-run, under the real scheduler: the ``train`` task fails,
+Airflow retries it (the DAG's own retry policy), and the retry resumes from the newest
+committed checkpoint instead of starting over; the run then succeeds.
+
+The kill goes to the job (``python -m jobs.train``, a subprocess of the task runner in
+its own process group), not to the Airflow task runner: the runner sees the job die
+with -9 and fails the try, which is what a crashed node or an OOM kill looks like.
+dag.test() would retry too (it re-schedules up_for_retry tasks), but only the scheduler
+shows the retry as Airflow runs it in production: try 2 of the same task instance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.airflow.server import REFRESH, AirflowServer, task_states
+
+pytestmark = pytest.mark.slow
+
+
+def job_pids(module: str, run_id: str) -> list[int]:
+    """Pids of ``python -m <module> ... --set run_id=<run_id>`` processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if b"-m" in argv and module.encode() in argv and f"run_id={run_id}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
+    refresh_dag: AirflowServer, root: str
+):
+    server = refresh_dag
+    run_id = "kill-and-resume"
+    artifacts = Path(root.removeprefix("file://"))
+    checkpoints = artifacts / "runs/tiny" / run_id / "checkpoints"
+    report = artifacts / "runs/tiny" / run_id / "reports/train.json"
+    # 3 epochs (the Param default) of 32 steps: one checkpoint, at step 50 of 96.
+    server.trigger(REFRESH, run_id, "2026-01-02T12:00:00Z", {"artifact_root": root})
+
+    committed = server.wait_for(
+        lambda: sorted(checkpoints.glob("step-*/COMMIT")), 240, "a committed checkpoint", 0.05
+    )
+    pids = job_pids("jobs.train", run_id)
+    assert len(pids) == 1, f"expected one training job process, found {pids}"
+    os.kill(pids[0], signal.SIGKILL)
+    killed_at_step = int(committed[-1].parent.name.removeprefix("step-"))
+    # The kill landed mid-run: the job had not written its report yet.
+    assert not report.exists(), "the training job finished before it could be killed"
+
+    run = server.wait_for_run(REFRESH, run_id)
+    tis = server.task_instances(REFRESH, run_id)
+    assert run["state"] == "success", (task_states(tis), server.log_tail())
+    assert set(task_states(tis).values()) == {"success"}
+    (train_ti,) = [ti for ti in tis if ti["task_id"] == "train"]
+    assert train_ti["try_number"] == 2
+
+    tries = server.api("GET", f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/train/tries")
+    states = {t["try_number"]: t["state"] for t in tries["task_instances"]}
+    assert states[1] != "success" and states[2] == "success", states
+
+    train = json.loads(report.read_text())
+    assert train["resumed_from"]["step"] == killed_at_step
+    assert train["resumed_from"]["url"].endswith(f"step-{killed_at_step:08d}")
+    assert train["steps"] == 96
+    registry = json.loads((artifacts / "models/tiny/registry.json").read_text())
+    assert registry["production"]["version"] == run_id
