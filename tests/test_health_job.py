@@ -22,6 +22,7 @@ import torch
 
 from jobs.exit_codes import ExitCode
 from jobs.health.collectives import aggregate, bus_bandwidth, elements_for
+from jobs.health.report import guarded
 from tests.conftest import ROOT, job_env, run_job
 
 FAULTS = ROOT / "tests" / "health_faults"
@@ -127,6 +128,33 @@ def test_corrupted_all_reduce_on_rank_1_fails_with_exit_4_naming_the_check(
                    for n in report["failed"])  # fmt: skip
     wrong = next(c for c in report["collectives"] if c["name"] == "all_reduce.4096B")
     assert wrong["ranks_failed"] == [0, 1]
+
+
+def test_missing_reduce_scatter_is_emulated_and_says_so(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    result = _torchrun(
+        f"artifact_root={root}", "run_id=old-gloo", "collective_ops=[\"reduce_scatter\"]",
+        *SMALL, env=_fault_env("no_reduce_scatter"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = _report(root, "old-gloo")
+    assert report["verdict"] == "PASS"
+    for c in report["collectives"]:
+        assert c["implementation"] == "all_reduce+slice" and c["passed"]
+    for rank in report["ranks"]:
+        coll = [c for c in rank["checks"] if c["name"].startswith("reduce_scatter")]
+        assert all("no native reduce_scatter" in c["detail"] for c in coll)
+
+
+def test_a_check_that_raises_fails_with_the_exception_as_detail() -> None:
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    result = guarded("memory_alloc", broken)
+    assert result["passed"] is False and result["name"] == "memory_alloc"
+    assert result["detail"] == (
+        "raised RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
 
 
 def test_corrupted_matmul_fails_with_exit_4_naming_the_check(tmp_path: Path) -> None:

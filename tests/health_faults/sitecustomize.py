@@ -7,6 +7,8 @@ fault by itself.
   to the rank's contribution before reducing (a corrupting link or NIC).
 - ``matmul``: ``torch.matmul`` returns a result off by 1e-3 of its largest value
   (a faulty matrix unit).
+- ``no_reduce_scatter``: ``torch.distributed.reduce_scatter_tensor`` raises like a
+  gloo build without reduce-scatter.
 """
 
 import os
@@ -34,3 +36,11 @@ elif FAULT == "matmul":
         return out + 1e-3 * out.abs().max()
 
     torch.matmul = _corrupt_matmul
+
+elif FAULT == "no_reduce_scatter":
+    import torch.distributed as dist
+
+    def _unsupported(*args, **kwargs):
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
+
+    dist.reduce_scatter_tensor = _unsupported
