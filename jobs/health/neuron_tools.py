@@ -209,9 +209,9 @@ def run(cfg: HealthConfig) -> tuple[list[Check], dict[str, Any]]:
     ranks = cfg.nccom_ranks or (core_count(out["neuron_ls"]) if "neuron_ls" in out else 0)
     for op in cfg.nccom_ops:
         if ranks < 2:
-            checks.append(
-                check(f"nccom_test.{op}", False, "needs at least 2 NeuronCores (set nccom_ranks)")
-            )
+            why = f"{ranks} NeuronCore(s) known" if "neuron_ls" in out else "neuron-ls failed"
+            detail = f"not run: needs at least 2 ranks ({why}; nccom_ranks sets them)"
+            checks.append(check(f"nccom_test.{op}", False, detail))
             continue
         checks.append(guarded(f"nccom_test.{op}", lambda o=op: _nccom(cfg, o, ranks, out)))
     return checks, out
