@@ -131,6 +131,7 @@ def test_page_shows_registry_decisions_chart_health_cache_and_embeddings(client:
     assert "demo-2026-01-01 <span class='na'>(not a DAG run)</span>" in html
     assert "<svg" in html and 'class="tolerance-band"' in html
     assert "rank1/allreduce" in html  # the newest health report failed on rank 1
+    assert "1 of 2 checks passed" in html and "rank 1 sum off by 3.0" in html
     assert "k0a1b2c3" in html and "kdead" in html
     assert "verified" in html and "incomplete: no manifest yet" in html
 

@@ -64,7 +64,11 @@ def curve_chart(curve: dict[str, Any], width: int = 760, height: int = 320) -> s
         f'<line x1="{left}" x2="{left + plot_w}" y1="{y(0):.1f}" y2="{y(0):.1f}" stroke="#888"/>',
         f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + plot_h}" stroke="#888"/>',
     ]
-    for v in (-limit, -tol, 0.0, tol, limit):
+    drawn: list[float] = []
+    for v in (0.0, -limit, limit, -tol, tol):
+        if any(abs(y(v) - other) < 14 for other in drawn):
+            continue  # the band is thin next to wide intervals: keep labels legible
+        drawn.append(y(v))
         parts.append(
             f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#555">{v:+.2%}</text>'
         )

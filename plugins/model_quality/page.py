@@ -151,6 +151,23 @@ def _curve(data: dict[str, Any]) -> str:
     return f'<div id="chart">{curve_chart(data)}</div>{values}'
 
 
+def _checks_cell(checks: list[dict[str, Any]]) -> str:
+    """Failed checks in full, passed ones folded away (a rank runs dozens)."""
+    if not checks:
+        return NA
+    failed = [c for c in checks if not c.get("passed")]
+    lines = [
+        f"{'PASS' if c.get('passed') else 'FAIL'} {_v(c.get('name'))}"
+        + (f": {_v(c.get('detail'))}" if c.get("detail") else "")
+        for c in checks
+    ]
+    summary = f"{len(checks) - len(failed)} of {len(checks)} checks passed"
+    shown = "".join(
+        f"<br>{verdict_html('FAIL')} {_v(c.get('name'))}: {_v(c.get('detail'))}" for c in failed
+    )
+    return f"{summary}{shown}<details><summary>all checks</summary>{'<br>'.join(lines)}</details>"
+
+
 def _health(data: dict[str, Any]) -> str:
     ranks = table(
         ["host", "rank", "device", "run", "at", "checks"],
@@ -161,12 +178,7 @@ def _health(data: dict[str, Any]) -> str:
                 _v(r.get("device")),
                 _v(r.get("run_id")),
                 _v(r.get("created_at")),
-                "<br>".join(
-                    f"{'PASS' if c.get('passed') else 'FAIL'} {_v(c.get('name'))}"
-                    + (f": {_v(c.get('detail'))}" if c.get("detail") else "")
-                    for c in r.get("checks") or []
-                )
-                or NA,
+                _checks_cell(r.get("checks") or []),
             ]
             for r in data.get("ranks") or []
         ],
@@ -188,7 +200,7 @@ def _health(data: dict[str, Any]) -> str:
     )
     failed = ", ".join(escape(str(f)) for f in data.get("failed") or []) or "none"
     return (
-        f"<p>Latest verdict {verdict_html(data.get('verdict'))} on {_v(data.get('backend'))}, "
+        f"<p id='health-verdict'>Latest verdict {verdict_html(data.get('verdict'))} on {_v(data.get('backend'))}, "
         f"world size {_v(data.get('world_size'))}, run {_v(data.get('run_id'))} "
         f"at {_v(data.get('created_at'))}; failed: {failed}</p>{ranks}"
         + (collectives if data.get("collectives") else '<p class="na">no collectives measured</p>')
