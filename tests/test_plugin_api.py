@@ -310,3 +310,54 @@ def test_plugin_and_storage_do_not_import_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+# -- curves and S3 -------------------------------------------------------------------
+
+
+def test_parity_curve_draws_one_line_per_metric_over_the_steps(client: TestClient, store: Path):
+    path = store / "runs/tiny" / GATE_RUN / "reports/gate.json"
+    gate = json.loads(path.read_text())
+    final = gate["curve"][0]
+    gate["mode"] = "parity"
+    gate["curve"] = [{**final, "step": step} for step in (25, 50, 75)]
+    gate["curve"][1]["metrics"][0]["d"] = 0.0042  # accuracy at step 50 leaves the band
+    path.write_text(json.dumps(gate))
+    svg = client.get("/chart.svg?model=tiny").text
+    assert svg.count('class="curve"') == 4 and svg.count('class="point"') == 12
+    assert "accuracy at 50: d = +0.420%" in svg
+    points = client.get("/api/models/tiny/curve").json()["data"]["points"]
+    assert [p["step"] for p in points] == [25, 50, 75]
+
+
+def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
+    import boto3
+
+    from jobs.storage import ArtifactStore
+    from plugins.model_quality import create_app
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="model-quality")
+    root = "s3://model-quality/prod"
+    s3 = ArtifactStore(root)
+    for path in FIXTURE_STORE.rglob("*"):
+        if path.is_file():
+            s3.write_bytes(path.relative_to(FIXTURE_STORE).as_posix(), path.read_bytes())
+    c = TestClient(create_app(root), raise_server_exceptions=False)
+    c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
+    local = TestClient(create_app(f"file://{FIXTURE_STORE}"), raise_server_exceptions=False)
+    local.headers["Authorization"] = c.headers["Authorization"]
+    for section in ("registry", "decisions", "curve", "health", "compile-cache", "embeddings"):
+        remote = c.get(f"/api/models/tiny/{section}").json()
+        assert remote["available"], (section, remote)
+        here = local.get(f"/api/models/tiny/{section}").json()["data"]
+        # Identical but for the root in the URLs each entry carries.
+        assert json.dumps(remote["data"]).replace(root, "ROOT") == json.dumps(here).replace(
+            f"file://{FIXTURE_STORE}", "ROOT"
+        ), section
+    entries = {e["key"]: e for e in c.get("/api/models/tiny/compile-cache").json()["data"]}
+    assert entries["k0a1b2c3"]["size_bytes"] == 5096
+    assert entries["k0a1b2c3"]["url"] == "s3://model-quality/prod/compile-cache/cpu/k0a1b2c3"
+    page = c.get("/?model=tiny")
+    assert page.status_code == 200 and "s3://model-quality/prod" in page.text
+    assert 'id="production-version">demo-2026-01-01<' in page.text
+    assert c.get("/api/models/tiny/runs/..%2F..%2Fother/gate").status_code == 404
