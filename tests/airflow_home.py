@@ -77,6 +77,21 @@ def airflow_home(home: Path, artifact_root: str | None = None) -> dict[str, str]
     return airflow_env(home, artifact_root)
 
 
+def promote_initial_version(root: str, version: str, model: str = "tiny") -> None:
+    """Publish ``model``'s base weights as ``version`` and make it production, for DAGs
+    that start from a production version (corpus_embeddings, accelerator_parity)."""
+    from jobs.checkpoint import cpu_state_dict
+    from jobs.model import versions
+    from jobs.model.presets import get_spec
+    from jobs.registry import Registry
+    from jobs.storage import ArtifactStore
+
+    store = ArtifactStore(root)
+    spec = get_spec(model)
+    versions.publish(store, spec, version, cpu_state_dict(versions.build_model(spec, 0)), {})
+    Registry(store, model).promote(version, None, {"verdict": "PASS", "test": True})
+
+
 def run_in_airflow(
     script: str, env: dict[str, str], *args: str, timeout: float = 300
 ) -> tuple[dict, str]:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_home import DAG_TEST_HELPERS, DAGS_FOLDER, airflow_home, run_in_airflow
+from tests.airflow_home import (
+    DAG_TEST_HELPERS,
+    DAGS_FOLDER,
+    airflow_home,
+    promote_initial_version,
+    run_in_airflow,
+)
 from tests.conftest import DATA, write_data
 
 pytestmark = pytest.mark.slow
@@ -25,24 +31,11 @@ print(json.dumps(run_facts(run)))
 )
 
 
-def _publish_and_promote(root: str, version: str) -> None:
-    from jobs.checkpoint import cpu_state_dict
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
-    from jobs.registry import Registry
-    from jobs.storage import ArtifactStore
-
-    store = ArtifactStore(root)
-    spec = get_spec("tiny")
-    versions.publish(store, spec, version, cpu_state_dict(versions.build_model(spec, 0)), {})
-    Registry(store, "tiny").promote(version, None, {"verdict": "PASS", "test": True})
-
-
 def test_corpus_embeddings_embeds_every_shard_with_the_production_version(tmp_path: Path):
     artifacts = tmp_path / "artifacts"
     root = f"file://{artifacts}"
     write_data(root)
-    _publish_and_promote(root, "v1")
+    promote_initial_version(root, "v1")
 
     env = airflow_home(tmp_path / "airflow-home", root)
     facts, output = run_in_airflow(DAG_TEST, env, root, str(DAGS_FOLDER), timeout=240)
