@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +23,12 @@ from jobs.exit_codes import BadInputError
 from jobs.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
+
+#: Reports read at once (threads); S3 latency, not CPU, bounds a page with many runs.
+READERS = 16
+
+GATE_REQUIRED = ("verdict",)
+Found = tuple[list[tuple[str, dict]], list[str]]
 
 #: The marker verify writes last under an embeddings folder (jobs.embedding.shards).
 EMBEDDINGS_MANIFEST = "_MANIFEST.json"
@@ -63,9 +70,10 @@ def read_report(store: ArtifactStore, rel: str, *, required: Iterable[str] = ())
 
     :raises ReportError: it exists but is not a JSON object with the ``required`` keys.
     """
-    if not store.exists(rel):
+    try:  # one request, not exists() + read: on S3 each costs a round trip
+        raw = store.read_bytes(rel)
+    except FileNotFoundError:
         return None
-    raw = store.read_bytes(rel)
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -101,17 +109,24 @@ def run_ids(store: ArtifactStore, model: str) -> list[str]:
 def _reports_of(
     store: ArtifactStore, model: str, kind: str, required: Iterable[str] = ()
 ) -> tuple[list[tuple[str, dict]], list[str]]:
-    """(run id, report) for every run with a usable ``kind`` report, plus the problems."""
-    found, problems = [], []
-    for run_id in run_ids(store, model):
+    """(run id, report) for every run with a usable ``kind`` report, plus the problems.
+
+    Runs are read concurrently: on S3 every report is a round trip, and a model gathers
+    one run a day.
+    """
+
+    def one(run_id: str) -> tuple[str, dict | None, str | None]:
         try:
-            doc = read_report(store, layout.report(model, run_id, kind), required=required)
+            rel = layout.report(model, run_id, kind)
+            return run_id, read_report(store, rel, required=required), None
         except ReportError as e:
-            problems.append(str(e))
-            continue
-        if doc is not None:
-            found.append((run_id, doc))
-    return found, problems
+            return run_id, None, str(e)
+
+    ids = run_ids(store, model)
+    with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(ids)))) as pool:
+        results = list(pool.map(one, ids))
+    found = [(run_id, doc) for run_id, doc, _ in results if doc is not None]
+    return found, [problem for _, _, problem in results if problem]
 
 
 def _newest_first(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
@@ -177,8 +192,8 @@ def decision_row(run_id: str, gate: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def decisions(store: ArtifactStore, model: str) -> Section:
-    found, problems = _reports_of(store, model, "gate", required=("verdict",))
+def decisions(store: ArtifactStore, model: str, gates: Found | None = None) -> Section:
+    found, problems = gates or _reports_of(store, model, "gate", required=GATE_REQUIRED)
     rows = [decision_row(run_id, doc) for run_id, doc in _newest_first(found)]
     if not rows:
         return Section(message=f"no gate decision for {model} yet", problems=problems)
@@ -186,7 +201,7 @@ def decisions(store: ArtifactStore, model: str) -> Section:
 
 
 def gate_report(store: ArtifactStore, model: str, run_id: str) -> dict[str, Any] | None:
-    return read_report(store, layout.report(model, run_id, "gate"), required=("verdict",))
+    return read_report(store, layout.report(model, run_id, "gate"), required=GATE_REQUIRED)
 
 
 def curve(gate: dict[str, Any]) -> list[dict[str, Any]]:
@@ -205,9 +220,9 @@ def curve(gate: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def latest_curve(store: ArtifactStore, model: str) -> Section:
+def latest_curve(store: ArtifactStore, model: str, gates: Found | None = None) -> Section:
     """The newest gate decision's curve: the latest candidate against its reference."""
-    found, problems = _reports_of(store, model, "gate", required=("verdict",))
+    found, problems = gates or _reports_of(store, model, "gate", required=GATE_REQUIRED)
     if not found:
         return Section(message=f"no gate report for {model} yet", problems=problems)
     run_id, gate = _newest_first(found)[0]
@@ -370,11 +385,19 @@ def embeddings(store: ArtifactStore, model: str) -> Section:
 
 
 def overview(store: ArtifactStore, model: str) -> dict[str, Section]:
-    """Every section of the page for one model, each read on its own."""
+    """Every section of the page for one model, each read on its own.
+
+    The gate reports feed two sections and are read once; if that read fails, each
+    section tries again and reports the failure itself.
+    """
+    try:
+        gates: Found | None = _reports_of(store, model, "gate", required=GATE_REQUIRED)
+    except Exception:
+        gates = None
     return {
         "registry": guarded("registry", lambda: registry(store, model)),
-        "decisions": guarded("gate decisions", lambda: decisions(store, model)),
-        "curve": guarded("evaluation curve", lambda: latest_curve(store, model)),
+        "decisions": guarded("gate decisions", lambda: decisions(store, model, gates)),
+        "curve": guarded("evaluation curve", lambda: latest_curve(store, model, gates)),
         "health": guarded("health report", lambda: health(store, model)),
         "compile_cache": guarded("compile cache", lambda: compile_cache(store, model)),
         "embeddings": guarded("embedding runs", lambda: embeddings(store, model)),
