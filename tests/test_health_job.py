@@ -187,6 +187,22 @@ def test_single_process_on_xla_passes(tmp_path: Path) -> None:
     assert all(c["trivial"] and c["passed"] for c in report["collectives"])
 
 
+def test_ranks_that_do_not_form_one_world_are_unhealthy(tmp_path: Path) -> None:
+    """Two torchrun ranks on xla with PJRT_DEVICE=CPU each get a one-device XLA world
+    (torch-xla 2.9): the job must say the ranks cannot reach each other, not hang or
+    crash on the report exchange."""
+    root = _root(tmp_path)
+    result = _torchrun(
+        f"artifact_root={root}", "run_id=split", "backend=xla", "collective_sizes=[4096]",
+        "collective_iters=1", "memory_bytes=1048576", env={"PJRT_DEVICE": "CPU"},
+    )  # fmt: skip
+    assert result.returncode != 0 and "exitcode  : 4" in result.stderr, result.stderr[-3000:]
+    report = _report(root, "split")
+    assert report["verdict"] == "FAIL" and "process_group" in report["failed"]
+    check = next(c for c in report["checks"] if c["name"] == "process_group")
+    assert "started 2 ranks" in check["detail"] and "holds 1" in check["detail"]
+
+
 def test_wrong_world_size_is_unhealthy(tmp_path: Path) -> None:
     root = _root(tmp_path)
     result = run_job(

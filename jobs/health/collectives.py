@@ -68,10 +68,18 @@ class DistContext:
     """True when a process group exists (collectives really run)."""
     meta_group: Any = None
     """gloo group for Python objects (None: the default group is already gloo)."""
+    group_size: int | None = None
+    """Ranks the process group itself reports; differs from ``world_size`` when the
+    launched processes did not form one world (each alone: a broken rendezvous)."""
+
+    @property
+    def connected(self) -> bool:
+        """True when the group holds every launched rank (objects can be exchanged)."""
+        return self.group and (self.group_size or self.world_size) == self.world_size
 
     def gather(self, obj: Any) -> list[Any] | None:
         """``obj`` of every rank, on rank 0 (None elsewhere)."""
-        if not self.group or self.world_size == 1:
+        if not self.connected or self.world_size == 1:
             return [obj]
         out = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0, group=self.meta_group)
@@ -79,7 +87,7 @@ class DistContext:
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        if not self.group or self.world_size == 1:
+        if not self.connected or self.world_size == 1:
             return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.meta_group)
@@ -122,7 +130,10 @@ def init(backend: Backend, timeout_s: float, one_rank_group: bool = True) -> Dis
     else:
         dist.init_process_group(pg, timeout=timeout)
     meta = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
-    return DistContext(rank, world_size, local_rank, launched=True, group=True, meta_group=meta)
+    return DistContext(
+        rank, world_size, local_rank, launched=True, group=True, meta_group=meta,
+        group_size=dist.get_world_size(),
+    )  # fmt: skip
 
 
 def synchronize(backend: Backend) -> None:

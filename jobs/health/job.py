@@ -80,6 +80,14 @@ def _check_and_report(
     entry = _rank_entry(ctx, backend, checks + [r["check"] for r in records], tool_checks)
     entry["neuron_tools"] = tool_output or None
     job_checks: list[report.Check] = []
+    if not ctx.connected and ctx.group:
+        problem = (
+            f"torchrun started {ctx.world_size} ranks but the {backend.name} process group "
+            f"holds {ctx.group_size}: the ranks cannot reach each other"
+        )
+        if ctx.rank != 0:
+            raise UnhealthyError(f"health check failed: process_group ({problem})")
+        job_checks.append(report.check("process_group", False, problem))
     try:
         gathered = ctx.gather({"entry": entry, "records": records})
     except Exception as e:  # noqa: BLE001 - a dead peer: report what this rank knows
@@ -91,6 +99,10 @@ def _check_and_report(
 
     result = None
     if ctx.rank == 0:
+        missing = [r for r, g in enumerate(gathered) if g is None]
+        if missing:
+            job_checks.append(report.check("gather", False, f"no results from ranks {missing}"))
+        gathered = [g for g in gathered if g is not None]
         entries = [g["entry"] for g in gathered]
         per_rank = [g["records"] for g in gathered]
         coll = []
