@@ -183,12 +183,21 @@ def test_json_api_with_a_token_from_the_api_server(server: str):
     )
     with urllib.request.urlopen(request, timeout=30) as r:
         access = json.loads(r.read())["access_token"]
-    request = urllib.request.Request(
-        f"{server}/model-quality/api/models/tiny/decisions",
-        headers={"Authorization": f"Bearer {access}"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as r:
-        decisions = json.loads(r.read())
+
+    def get(path: str) -> dict:
+        request = urllib.request.Request(
+            f"{server}{path}", headers={"Authorization": f"Bearer {access}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return json.loads(r.read())
+
+    # The api-server loaded our plugin, and nothing else from the folder failed.
+    plugins = {p["name"]: p for p in get("/api/v2/plugins")["plugins"]}
+    ours = plugins["model_quality"]
+    assert [a["url_prefix"] for a in ours["fastapi_apps"]] == ["/model-quality"]
+    assert [v["url_route"] for v in ours["external_views"]] == ["model-quality"]
+    assert get("/api/v2/plugins/importErrors")["total_entries"] == 0
+    decisions = get("/model-quality/api/models/tiny/decisions")
     assert [d["run_id"] for d in decisions["data"]] == [RUN_ID]
     assert decisions["data"][0]["verdict"] == "PASS"
 
