@@ -133,8 +133,16 @@ class EmbedfreshJobOperator(BaseOperator):
             job=self.job_name,
             settings=settings,
             env=self.env,
-            nproc_per_node=int(self.nproc_per_node),
+            nproc_per_node=self._nproc_per_node(),
         )
+
+    def _nproc_per_node(self) -> int:
+        try:
+            return int(self.nproc_per_node)
+        except (TypeError, ValueError):
+            raise AirflowFailException(
+                f"nproc_per_node must be a whole number of processes, got {self.nproc_per_node!r}"
+            ) from None
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self.build_job_spec()

@@ -44,7 +44,7 @@ def deadline_interval() -> dt.timedelta:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if seconds <= 0:
+    if not 0 < seconds < float("inf"):  # also refuses nan
         raise ValueError(f"{DEADLINE_ENV} must be a positive number of seconds, got {raw!r}")
     return dt.timedelta(seconds=seconds)
 

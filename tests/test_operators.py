@@ -7,6 +7,7 @@ produce; streaming, the exit-code mapping, environment and kill are the real cod
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import sys
@@ -22,6 +23,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from jobs.config import parse_override
 from operators import (
+    AcceleratorHealthOperator,
+    AheadOfTimeCompileOperator,
     EmbedfreshJobOperator,
     EvaluationOperator,
     IncrementalTrainingOperator,
@@ -31,6 +34,7 @@ from operators import (
     QualityGateOperator,
     model_asset,
 )
+from operators.deadline import DEADLINE_ENV, deadline_interval, record_deadline_breach
 from operators.promote import MODEL_PROMOTIONS_ALIAS
 from tests.conftest import ROOT
 
@@ -441,3 +445,93 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
     assert resolve.execute({}) == "v7"
     pinned = ResolveModelVersionOperator(task_id="s", artifact_root=root, version="v2")
     assert pinned.execute({}) == "v2"
+
+
+# --- health, compile, deadline --------------------------------------------------------
+
+
+def test_health_and_compile_operators_build_their_jobs_settings():
+    common = dict(artifact_root="file:///r", run_id="r1", model="tiny", backend="cpu")
+    health = AcceleratorHealthOperator(
+        task_id="h", **common, nproc_per_node="2", job_settings={"min_busbw_gbps": {"all_reduce": 5}}
+    )  # fmt: skip
+    spec = health.build_job_spec()
+    assert spec.job == "health" and spec.nproc_per_node == 2
+    assert spec.argv(PY)[:6] == [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m"]
+    assert dict(spec.settings) == {**common, "min_busbw_gbps": {"all_reduce": 5}}
+    assert "nproc_per_node" in health.template_fields
+
+    # The compile trial takes the training task's arguments, so it traces the same graphs.
+    train_args = dict(data_interval_start="2026-01-01", epochs="3", job_settings={"batch_size": 16})
+    compile_spec = AheadOfTimeCompileOperator(task_id="c", **common, **train_args).build_job_spec()
+    train_spec = IncrementalTrainingOperator(task_id="t", **common, **train_args).build_job_spec()
+    assert compile_spec.job == "compile" and train_spec.job == "train"
+    assert compile_spec.settings == train_spec.settings
+
+    bad = AcceleratorHealthOperator(task_id="h2", **common, nproc_per_node="two")
+    with pytest.raises(AirflowFailException, match="nproc_per_node must be a whole number"):
+        bad.build_job_spec()
+
+
+def test_a_failed_health_check_fails_the_task_without_retry(tmp_path: Path):
+    # One CPU process sees one device; expecting 10 is a real failed check (exit 4).
+    op = AcceleratorHealthOperator(
+        task_id="health", artifact_root=f"file://{tmp_path}", run_id="r1",
+        job_settings={"expected_devices": 10, "collectives": False},
+    )  # fmt: skip
+    op.runner.cwd = str(ROOT)
+    with pytest.raises(AirflowFailException, match="exit code 4 .health check found a faulty"):
+        op.execute({})
+    report = json.loads((tmp_path / "runs/tiny/r1/reports/health.json").read_text())
+    assert report["verdict"] == "FAIL"
+
+
+def test_the_deadline_callback_records_the_breach_where_the_run_writes(tmp_path, caplog):
+    default_root, run_root = tmp_path / "default", tmp_path / "run"
+    context = {
+        "dag_run": {
+            "dag_id": "embedding_model_refresh",
+            "run_id": "scheduled__2026-01-02T00:00:00+00:00",
+            "state": "running",
+            "queued_at": "2026-01-02T00:00:05Z",
+            "conf": {"artifact_root": f"file://{run_root}"},
+        },
+        "deadline": {"id": "d-1", "deadline_time": dt.datetime(2026, 1, 2, 6, 0, 5, tzinfo=dt.UTC)},
+    }
+    with caplog.at_level(logging.WARNING, logger="operators.deadline"):
+        record_deadline_breach(f"file://{default_root}", "tiny", 21600.0, context=context)
+
+    # The run's conf names its artifact root: the record goes there, not to the default.
+    path = run_root / "runs/tiny/scheduled__2026-01-02T00:00:00+00:00/reports/deadline.json"
+    assert json.loads(path.read_text()) == {
+        "dag_id": "embedding_model_refresh",
+        "run_id": "scheduled__2026-01-02T00:00:00+00:00",
+        "state_at_breach": "running",
+        "queued_at": "2026-01-02T00:00:05Z",
+        "deadline_time": "2026-01-02T06:00:05+00:00",
+        "interval_seconds": 21600.0,
+        "recorded_at": json.loads(path.read_text())["recorded_at"],
+        "deadline_id": "d-1",
+    }
+    assert not default_root.exists()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith("DEADLINE MISSED: embedding_model_refresh run scheduled__")
+    assert f"file://{path}" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 6 * 3600), ("", 6 * 3600), ("90", 90), ("0.5", 0.5)]
+)
+def test_the_deadline_interval_comes_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv(DEADLINE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DEADLINE_ENV, value)
+    assert deadline_interval() == dt.timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan"])
+def test_a_bad_deadline_setting_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv(DEADLINE_ENV, value)
+    with pytest.raises(ValueError, match=f"{DEADLINE_ENV} must be a positive number"):
+        deadline_interval()
