@@ -288,7 +288,7 @@ def test_the_launcher_finds_the_main_node_at_run_time_and_keeps_every_argument(f
         },
     )
     assert child == [
-        "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1",
+        "-m", "jobs.launch", "--nnodes", "2", "--node_rank", "1",
         "--nproc-per-node", "4", "--master_addr", "10.0.3.7", *expected_tail,
     ]  # fmt: skip
 

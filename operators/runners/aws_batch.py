@@ -178,6 +178,9 @@ class AwsBatchRunner:
     def command(self, spec: JobSpec) -> list[str]:
         """``python -m jobs.X --set ...`` on one node; a torchrun launcher across nodes.
 
+        The launcher is :mod:`jobs.launch` (torchrun's own arguments), which exits with the
+        failing worker's code, so ``evaluateOnExit`` sees 2/3/4/75 and not torchrun's 1.
+
         Across nodes, Batch tells each node its index and the node count, and every node
         but the main one the main node's address: the main node falls back to its own
         address at run time, which only a shell on that node can know.
@@ -185,7 +188,7 @@ class AwsBatchRunner:
         if self.settings.num_nodes == 1:
             return spec.argv(self.settings.python)
         torchrun = [
-            self.settings.python, "-m", "torch.distributed.run",
+            self.settings.python, "-m", "jobs.launch",
             "--nnodes", "$AWS_BATCH_JOB_NUM_NODES",
             "--node_rank", "$AWS_BATCH_JOB_NODE_INDEX",
             "--nproc-per-node", str(spec.nproc_per_node),
