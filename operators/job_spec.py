@@ -57,12 +57,18 @@ class JobSpec:
         return args
 
     def argv(self, python: str) -> list[str]:
-        """The command line: ``python -m jobs.X ...``, or under torchrun for data parallel."""
+        """The command line: ``python -m jobs.X ...``, or under torchrun for data parallel.
+
+        Data parallel on one node goes through :mod:`jobs.launch` (torchrun's arguments,
+        the failing worker's exit code) with ``--standalone``: a free rendezvous port, so
+        two tasks on one worker do not collide.
+        """
         if self.nproc_per_node > 1:
             launcher = [
                 python,
                 "-m",
-                "torch.distributed.run",
+                "jobs.launch",
+                "--standalone",
                 "--nproc-per-node",
                 str(self.nproc_per_node),
                 "-m",

@@ -336,3 +336,26 @@ def test_aggregate_takes_the_slowest_rank_and_applies_floors_from_a_size_on() ->
     assert ok["busbw_gbps"] == pytest.approx(40.0) and ok["passed"]
     (low,) = aggregate(fast, 2, {"all_reduce": 50.0}, floor_min_size=1 << 20)
     assert not low["passed"] and "floor 50.0" in low["detail"]
+
+
+def test_the_operator_fails_without_retry_when_a_rank_is_faulty_under_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the operator and the local runner (jobs.launch): exit 4 stays 4, not torchrun's 1."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from operators import AcceleratorHealthOperator
+
+    for key, value in job_env().items():
+        monkeypatch.setenv(key, value)
+    health = AcceleratorHealthOperator(
+        task_id="health",
+        artifact_root=_root(tmp_path),
+        run_id="op-bad-link",
+        nproc_per_node=2,
+        job_settings={k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)},
+        env=_fault_env("all_reduce_rank1"),
+    )
+    with pytest.raises(AirflowFailException, match="exit code 4"):
+        health.execute(context={})
+    assert _report(_root(tmp_path), "op-bad-link")["verdict"] == "FAIL"

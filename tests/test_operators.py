@@ -72,7 +72,7 @@ def test_plain_strings_stay_readable_and_json_lookalikes_are_quoted():
 def test_data_parallel_launches_under_torchrun():
     spec = JobSpec("train", {"run_id": "r1"}, nproc_per_node=4)
     assert spec.argv(PY) == [
-        PY, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+        PY, "-m", "jobs.launch", "--standalone", "--nproc-per-node", "4",
         "-m", "jobs.train", "--set", "run_id=r1",
     ]  # fmt: skip
 
@@ -457,7 +457,15 @@ def test_health_and_compile_operators_build_their_jobs_settings():
     )  # fmt: skip
     spec = health.build_job_spec()
     assert spec.job == "health" and spec.nproc_per_node == 2
-    assert spec.argv(PY)[:6] == [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m"]
+    assert spec.argv(PY)[:7] == [
+        PY,
+        "-m",
+        "jobs.launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+    ]
     assert dict(spec.settings) == {**common, "min_busbw_gbps": {"all_reduce": 5}}
     assert "nproc_per_node" in health.template_fields
 
