@@ -1,5 +1,5 @@
-# Two commands do all set-up on a fresh machine:  make demo  and  make test.
-# Both create (once) and reuse .venv from the pinned requirements.
+# Three commands do all set-up on a fresh machine:  make demo,  make airflow  and  make test.
+# All create (once) and reuse .venv from the pinned requirements.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +11,21 @@ export TRANSFORMERS_OFFLINE := 1
 export PJRT_DEVICE ?= CPU
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv demo test lint lock clean
+# The project-local Airflow that `make demo` and `make airflow` share (SQLite, no examples).
+# Set only for those two targets: the test suite makes its own throw-away Airflows.
+AIRFLOW_PORT ?= 8080
+DEMO_ROOT := $(CURDIR)/artifacts/demo
+LOCAL_AIRFLOW_HOME := $(CURDIR)/airflow-home
+LOCAL_AIRFLOW := AIRFLOW_HOME=$(LOCAL_AIRFLOW_HOME) \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$(LOCAL_AIRFLOW_HOME)/airflow.db \
+	EMBEDFRESH_ARTIFACT_ROOT=file://$(DEMO_ROOT) \
+	PYTHONPATH=$(CURDIR) \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+
+.PHONY: venv demo airflow test lint lock clean
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +35,24 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 venv: $(STAMP)
 
-## The full pipeline end to end on the embedded default (CPU, local artifact folder).
+## embedding_model_refresh through Airflow (dag.test) for two days on the embedded default
+## (CPU, tiny model, artifacts/demo, ./airflow-home), then a summary.
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	env $(LOCAL_AIRFLOW) $(PY) scripts/demo.py --root $(DEMO_ROOT) --airflow-home $(LOCAL_AIRFLOW_HOME)
+
+## Airflow's web UI with the project's DAGs and plugins on http://127.0.0.1:$(AIRFLOW_PORT),
+## same AIRFLOW_HOME and artifact root as `make demo` (its runs show up). Ctrl-C stops it.
+airflow: $(STAMP)
+	@mkdir -p $(LOCAL_AIRFLOW_HOME)
+	@echo "Airflow web UI: http://127.0.0.1:$(AIRFLOW_PORT)  login: admin, password printed by standalone"
+	@echo "  below and kept in $(LOCAL_AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
+	env $(LOCAL_AIRFLOW) \
+	AIRFLOW__API__HOST=127.0.0.1 \
+	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
+	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
+	AIRFLOW__CORE__PARALLELISM=4 \
+	$(VENV)/bin/airflow standalone
 
 ## Lint, format check and the whole test suite.
 test: lint

@@ -6,8 +6,13 @@ steps, then gates B's curve against A's two-sided at every common evaluation poi
 0.1% SLA). Anything but PASS fails the task without retry; the report and its plot are
 under ``runs/<model>/<run_id>/reports/gate.{json,svg}``.
 
-Manual only. The training data is the partition of the run's data interval, as in
-``embedding_model_refresh``.
+``dropout`` defaults to 0: the backends draw dropout masks from different random
+generators, so with dropout the two sides are two different random trainings and the
+curves differ by more than the SLA even on one backend (docs/PARITY.md).
+
+Manual only, so the run has no data interval of its own (Airflow 3 gives an unscheduled
+run an empty one): the Param ``day`` names the training partition (``dt=<day>``); its
+default is the first day the embedded demo generates.
 """
 
 from __future__ import annotations
@@ -38,6 +43,16 @@ with DAG(
             10, type="integer", minimum=1, description="Optimizer steps between evaluations"
         ),
         "epochs": Param(1, type="integer", minimum=1, description="Training epochs"),
+        "day": Param(
+            "2026-01-01", type="string", format="date", description="Training partition (day)"
+        ),
+        "dropout": Param(
+            0.0,
+            type="number",
+            minimum=0,
+            exclusiveMaximum=1,
+            description="Dropout of both sides' training; 0 keeps cross-backend runs comparable",
+        ),
     },
     tags=["embedfresh"],
 ) as dag:
@@ -50,5 +65,8 @@ with DAG(
         backend_b="{{ params.backend_b }}",
         eval_every="{{ params.eval_every }}",
         epochs="{{ params.epochs }}",
+        data_interval_start="{{ params.day }}",
+        data_interval_end="{{ macros.ds_add(params.day, 1) }}",
+        job_settings={"dropout": "{{ params.dropout }}"},
         retries=0,
     )

@@ -214,3 +214,5 @@ def test_accelerator_parity_is_one_task_without_retries(tmp_path: Path):
     )
     assert dag["params"]["backend_a"] == "cpu" and dag["params"]["backend_b"] == "xla"
     assert dag["params"]["init_version"] == ""
+    # A manual run has an empty data interval: the partition is a Param; dropout off.
+    assert dag["params"]["day"] == "2026-01-01" and dag["params"]["dropout"] == 0
