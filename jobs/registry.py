@@ -12,9 +12,8 @@ import datetime as dt
 import json
 from typing import Any
 
-from jobs import layout
+from jobs import layout, markers
 from jobs.exit_codes import BadInputError, ConflictError
-from jobs.model import versions
 from jobs.storage import ArtifactStore, json_bytes
 
 
@@ -73,7 +72,7 @@ class Registry:
             run promoted first); nothing was written.
         :raises BadInputError: ``version`` is not a committed model version.
         """
-        if versions.is_committed(self.store, self.model, version) is None:
+        if markers.read_marker(self.store, layout.model_version(self.model, version)) is None:
             raise BadInputError(
                 f"cannot promote {self.model} version {version}: "
                 f"{self.store.url(layout.model_version(self.model, version))} is not committed"

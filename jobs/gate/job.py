@@ -10,7 +10,9 @@ registry is not touched here (:mod:`jobs.promote` moves it, only after a PASS).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import os
 import time
 from typing import Any
 
@@ -159,6 +161,10 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         **result.to_dict(),
         "model": cfg.model,
         "run_id": cfg.run_id,
+        # Set by Airflow's task runner in the environment the local runner passes on:
+        # lets the web UI link the decision to its DAG run.
+        "dag_id": os.environ.get("AIRFLOW_CTX_DAG_ID"),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
         "reference": {
             "version": ref_version,

@@ -20,6 +20,7 @@ from typing import Any
 
 from jobs import layout, markers
 from jobs.exit_codes import BadInputError
+from jobs.registry import Registry
 from jobs.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -138,19 +139,19 @@ def _newest_first(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 
 def registry(store: ArtifactStore, model: str) -> Section:
-    rel = layout.registry(model)
-    doc = read_report(store, rel, required=("model", "history"))
+    """The registry as the jobs read it (:class:`jobs.registry.Registry`): one validation."""
+    reg = Registry(store, model)
+    try:
+        doc, _ = reg.read()
+    except BadInputError as e:
+        raise ReportError(str(e)) from e
     if doc is None:
         return Section(message=f"no registry yet: {model} has never been promoted")
-    history = doc.get("history")
-    production = doc.get("production")
-    if not isinstance(history, list) or not (production is None or isinstance(production, dict)):
-        raise ReportError(f"{store.url(rel)} does not have the registry structure")
     return Section(
         data={
-            "url": store.url(rel),
-            "production": production,
-            "history": [h for h in reversed(history) if isinstance(h, dict)],
+            "url": reg.url,
+            "production": doc.get("production"),
+            "history": [h for h in reversed(doc["history"]) if isinstance(h, dict)],
         }
     )
 
