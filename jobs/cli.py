@@ -2,7 +2,10 @@
 
 ``python -m jobs.<name> --config FILE [--set key=value ...]``. Errors of the contract
 (:mod:`jobs.exit_codes`) print one line ``<job>: error: <message>`` on stderr and exit
-with their code; anything else is a crash (traceback, exit 1) that Airflow retries.
+with their code. A storage fault that surfaces outside the artifact store's own
+wrappers (a Parquet reader pulling bytes from S3, a connection dropped mid-stream) is
+still transient: exit 75, like :class:`~jobs.exit_codes.TransientError`. Anything else
+is a crash (traceback, exit 1) that Airflow retries.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pydantic import BaseModel
 
 from jobs.config import load_config
 from jobs.exit_codes import ExitCode, JobError
+from jobs.storage import is_transient
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -56,6 +60,16 @@ def run_job(
     except JobError as e:
         print(f"{name}: error: {e}", file=sys.stderr, flush=True)
         return int(e.exit_code)
+    except Exception as e:
+        if not is_transient(e):
+            raise
+        print(
+            f"{name}: error: transient infrastructure fault ({type(e).__name__}: {e}); "
+            "retry the task: it resumes from the last committed checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
 

@@ -31,8 +31,48 @@ from jobs.exit_codes import BadInputError, ConflictError, TransientError
 log = logging.getLogger(__name__)
 
 
+# Retries of every S3 request, in botocore (through s3fs's ``config_kwargs``): the
+# "standard" mode backs off exponentially with full jitter (at most 20 s a wait) and
+# retries 5xx, SlowDown/throttling and dropped or refused connections. Eight attempts
+# ride out an endpoint that is gone for ~10-30 s; a longer outage ends the job with
+# exit 75 and the orchestrator's retry resumes from the last checkpoint. The usual
+# botocore variables override both (``AWS_RETRY_MODE``, ``AWS_MAX_ATTEMPTS``).
+# s3fs adds its own few retries on SlowDown and on truncated reads on top of these.
+S3_RETRY_MODE = "standard"
+S3_MAX_ATTEMPTS = 8
+
+
+def s3_retry_config() -> dict[str, Any]:
+    """botocore's ``retries`` setting for the store's S3 client."""
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    try:
+        total = int(attempts) if attempts else S3_MAX_ATTEMPTS
+    except ValueError as e:
+        raise BadInputError(f"AWS_MAX_ATTEMPTS={attempts!r} is not a whole number") from e
+    if total < 1:
+        raise BadInputError(f"AWS_MAX_ATTEMPTS={total} must be at least 1")
+    return {
+        "mode": os.environ.get("AWS_RETRY_MODE", "").strip() or S3_RETRY_MODE,
+        "total_max_attempts": total,
+    }
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """True when ``exc``, or an exception it was raised from, is an infrastructure
+    fault (network, throttling, 5xx) that a later attempt may not meet."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, TransientError) or _is_transient(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _is_transient(exc: BaseException) -> bool:
     """True for faults of the infrastructure (network, throttling, 5xx) worth retrying."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):  # refused, reset, broken pipe
+        return True
     name = type(exc).__name__
     if name in {
         "EndpointConnectionError",
@@ -42,8 +82,13 @@ def _is_transient(exc: BaseException) -> bool:
         "ClientConnectorError",
         "ServerDisconnectedError",
         "ConnectionError",
-        "ConnectionRefusedError",
+        "ServerTimeoutError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "ResponseStreamingError",
+        "IncompleteRead",
         "TimeoutError",
+        "FSTimeoutError",
     }:
         return True
     response = getattr(exc, "response", None)
@@ -75,13 +120,13 @@ def _translate_errors(method):
                 raise BadInputError(
                     f"artifact root {self.root} is not a usable directory: {e}"
                 ) from e
-            if _is_transient(e) or _is_transient(e.__cause__ or e):
+            if is_transient(e):
                 raise TransientError(f"artifact store {self.root} unreachable: {e}") from e
             raise
         except Exception as e:
             if type(e).__name__ in {"NoCredentialsError", "PartialCredentialsError"}:
                 raise BadInputError(f"no AWS credentials for artifact root {self.root}: {e}") from e
-            if _is_transient(e):
+            if is_transient(e):
                 raise TransientError(f"artifact store {self.root} unreachable: {e}") from e
             raise
 
@@ -135,6 +180,9 @@ class ArtifactStore:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             options.setdefault("endpoint_url", endpoint)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", s3_retry_config())
+        options["config_kwargs"] = config
         return fsspec.filesystem("s3", **options)
 
     # -- paths ---------------------------------------------------------------------

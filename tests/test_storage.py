@@ -1,5 +1,6 @@
 """The artifact store on a local disk and on S3 (moto's server on 127.0.0.1): whole
-objects, listings, removal, path safety, compare-and-swap and commit markers."""
+objects, listings, removal, path safety, compare-and-swap, commit markers, and the
+retries of S3 faults (through the test-only fault proxy)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from jobs import markers
 from jobs.exit_codes import BadInputError, ConflictError
 from jobs.storage import ArtifactStore
+from tests.reliability.test_transient_exit import raised_from
 
 _buckets = itertools.count()
 
@@ -234,3 +236,105 @@ def test_concurrent_create_if_absent_has_exactly_one_winner(store):
     winners = [o for o in outcomes if o != "lost"]
     assert len(winners) == 1, outcomes
     assert store.read_bytes("registry.json") == winners[0].encode()
+
+
+# -- retries: botocore's standard mode, bounded, and the errors worth retrying -------------
+
+
+def test_s3_retry_config_defaults_and_environment(monkeypatch):
+    from jobs.storage import S3_MAX_ATTEMPTS, s3_retry_config
+
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    assert s3_retry_config() == {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS}
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    assert s3_retry_config() == {"mode": "adaptive", "total_max_attempts": 3}
+
+
+@pytest.mark.parametrize("value", ["three", "0"])
+def test_s3_retry_config_refuses_a_bad_attempt_count(monkeypatch, value):
+    from jobs.storage import s3_retry_config
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", value)
+    with pytest.raises(BadInputError, match="AWS_MAX_ATTEMPTS"):
+        s3_retry_config()
+
+
+def test_the_s3_client_carries_the_retry_config(s3_endpoint, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "4")
+    store = ArtifactStore("s3://any-bucket/prefix")
+    assert store.fs.config_kwargs["retries"] == {"mode": "standard", "total_max_attempts": 4}
+    explicit = ArtifactStore(
+        "s3://any-bucket/prefix", {"config_kwargs": {"retries": {"max_attempts": 1}}}
+    )
+    assert explicit.fs.config_kwargs["retries"] == {"max_attempts": 1}
+
+
+class _ServiceError(Exception):
+    """Shaped like botocore's ClientError: a ``response`` dict."""
+
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(code)
+        self.response = {"ResponseMetadata": {"HTTPStatusCode": status}, "Error": {"Code": code}}
+
+
+@pytest.mark.parametrize(
+    "exc, transient",
+    [
+        (_ServiceError(503, "SlowDown"), True),
+        (_ServiceError(500, "InternalError"), True),
+        (_ServiceError(400, "Throttling"), True),
+        (_ServiceError(403, "AccessDenied"), False),
+        (_ServiceError(404, "NoSuchKey"), False),
+        (ConnectionResetError("reset by peer"), True),
+        (TimeoutError("timed out"), True),
+        (ValueError("bad value"), False),
+        (FileNotFoundError("nope"), False),
+        # s3fs re-raises a ClientError as a builtin OSError with the original as cause
+        (raised_from(OSError(16, "busy"), _ServiceError(503, "SlowDown")), True),
+        (raised_from(OSError(22, "invalid"), _ServiceError(400, "InvalidArgument")), False),
+        # a reader that wraps a dropped connection in its own error type
+        (raised_from(RuntimeError("read failed"), ConnectionResetError()), True),
+    ],
+)
+def test_is_transient_follows_the_cause_chain(exc, transient):
+    from jobs.storage import is_transient
+
+    assert is_transient(exc) is transient
+
+
+def test_store_rides_out_injected_503s(s3_endpoint, monkeypatch):
+    import boto3
+
+    from tests.reliability.fault_proxy import SLOW_DOWN, FaultPlan, FaultProxy, every
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="storage-retries")
+    with FaultProxy(s3_endpoint, FaultPlan(every(2, SLOW_DOWN))) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = ArtifactStore("s3://storage-retries/p")
+        store.write_bytes("a/blob", b"payload")
+        assert store.read_bytes("a/blob") == b"payload"
+        assert store.listdir("a") == ["blob"]
+        assert proxy.plan.injected["SlowDown"] >= 2
+
+
+def test_store_gives_up_with_a_transient_error(s3_endpoint, monkeypatch):
+    import boto3
+
+    from jobs.exit_codes import TransientError
+    from tests.reliability.fault_proxy import INTERNAL, FaultPlan, FaultProxy, always
+
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="storage-gives-up")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    with FaultProxy(s3_endpoint, FaultPlan(always(INTERNAL))) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = ArtifactStore("s3://storage-gives-up/p")
+        with pytest.raises(TransientError, match="unreachable"):
+            store.write_bytes("a/blob", b"payload")
+        assert proxy.plan.requests == 2  # the bounded budget, no more
+        proxy.down()
+        with pytest.raises(TransientError, match="unreachable"):
+            store.read_bytes("a/blob")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    assert not ArtifactStore("s3://storage-gives-up/p").exists("a/blob")
