@@ -27,6 +27,11 @@ from jobs.exit_codes import BadInputError
 from jobs.layout import safe_id
 
 DEFAULT_ARTIFACT_ROOT_ENV = "EMBEDFRESH_ARTIFACT_ROOT"
+#: Neuron's training defaults (DESIGN "Backends"); O1 compiles ~86% faster for ~5-7%
+#: less throughput.
+DEFAULT_NEURON_CC_FLAGS = (
+    "--target trn1 --auto-cast all --auto-cast-type bf16 --model-type transformer --optlevel 1"
+)
 
 
 def default_artifact_root() -> str:
@@ -102,11 +107,36 @@ class TrainConfig(JobConfig):
     """Override of the model config's dropout probability for this run's training (the
     architecture, and so the published version's spec, is unchanged). ``0`` makes a
     training step deterministic: no random draws, e.g. to compare backends' numerics."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile on cpu/cuda: ``on``, ``off`` (eager), or ``auto``: whichever the
+    benchmark measured faster for this backend and model config
+    (:data:`jobs.compile.modes.COMPILE_DEFAULTS`). With it on, the train job restores
+    the compile job's cache entry first. xla/neuron always trace and compile graphs."""
+    neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
+    """``NEURON_CC_FLAGS`` of the neuron backend; the compile job's trial run and the
+    real run get the same value (and the same ``NEURON_COMPILE_CACHE_URL``)."""
+    compile_cache_root: str | None = None
+    """Artifact root whose ``compile-cache/`` this run reads (torch.compile entries) and
+    points Neuron at; None: ``artifact_root``. The compile job's trial, which trains in
+    a throwaway store, sets it to the real root."""
+    instance_type: str | None = None
+    """Instance the run is billed as, for ``estimated_cost_usd``; None: the backend's
+    usual one (:data:`jobs.cost.DEFAULT_INSTANCE`)."""
+    instance_prices: dict[str, float] = Field(default_factory=dict)
+    """USD per instance-hour overriding or extending :data:`jobs.cost.PRICES_USD`."""
 
     @field_validator("dataset", "version", "init_version")
     @classmethod
     def _segment(cls, v: str | None) -> str | None:
         return None if v is None else safe_id(v, "name")
+
+    @field_validator("instance_prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: p for k, p in v.items() if not p >= 0}
+        if bad:
+            raise ValueError(f"instance prices must be >= 0 USD/hour, got {bad}")
+        return v
 
     @model_validator(mode="after")
     def _init_version(self) -> TrainConfig:
@@ -279,3 +309,20 @@ class ParityConfig(TrainConfig):
             version=None if self.version is None else self.version + run_id[len(self.run_id) :],
         )
         return TrainConfig.model_validate(data)
+
+
+class CompileConfig(TrainConfig):
+    """The compile job: a trial of the training run this config describes, shortened to
+    ``trial_steps`` steps, one evaluation and one checkpoint save, in a throwaway store,
+    so every graph is traced; its cache entry is stored under the compile-cache key."""
+
+    data_interval_start: dt.date | None = None
+    """Day of data the trial trains on; None: the newest training partition."""
+    trial_steps: int = Field(default=5, ge=2)
+    """Training steps of the trial (a checkpoint is saved at ``trial_steps - 1``)."""
+    neuron_parallel_compile: str = "neuron_parallel_compile"
+    """The executable (found on PATH) that wraps the neuron trial."""
+    neuron_max_retries: int | None = Field(default=None, ge=0)
+    """``NEURON_PARALLEL_COMPILE_MAX_RETRIES``; None leaves the tool's default."""
+    timeout_seconds: float = Field(default=7200, gt=0)
+    """Limit of the trial subprocess (xla, neuron)."""

@@ -93,4 +93,16 @@ def embeddings(model: str, version: str, corpus_name: str) -> str:
 
 
 def compile_cache(backend: str, key: str) -> str:
-    return f"compile-cache/{safe_id(backend, 'backend')}/{safe_id(key, 'cache key')}"
+    """One compile-cache entry; it counts only once its COMMIT marker is written."""
+    return f"{compile_cache_backend(backend)}/{safe_id(key, 'cache key')}"
+
+
+def compile_cache_backend(backend: str) -> str:
+    """A backend's compile cache; for ``neuron`` also ``NEURON_COMPILE_CACHE_URL``, where
+    the Neuron runtime keeps its own NEFF entries beside ours."""
+    return f"compile-cache/{safe_id(backend, 'backend')}"
+
+
+def train_partitions(dataset: str) -> str:
+    """The folder holding a dataset's ``dt=YYYY-MM-DD`` training partitions."""
+    return f"datasets/{safe_id(dataset, 'dataset')}/train"

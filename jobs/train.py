@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -23,7 +24,10 @@ from jobs import layout
 from jobs.backends import Backend, get_backend
 from jobs.checkpoint import Checkpoint, CheckpointManager, cpu_state_dict
 from jobs.cli import main_for
+from jobs.compile import cache_key, modes, neuron_env, resolve_backend, resolve_mode, torch_cache
+from jobs.compile.neuron import cache_root
 from jobs.config import TrainConfig
+from jobs.cost import run_cost
 from jobs.data.reader import Examples, read_train
 from jobs.exit_codes import BadInputError
 from jobs.model import versions
@@ -89,7 +93,9 @@ def data_fingerprint(examples: Examples) -> str:
     return h.hexdigest()[:16]
 
 
-def config_hash(cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int) -> str:
+def config_hash(
+    cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int, world_size: int = 1
+) -> str:
     """What must match for a checkpoint to be resumed: everything that changes the math."""
     relevant = cfg.model_dump(
         mode="json",
@@ -102,15 +108,22 @@ def config_hash(cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int) -> 
             "version",
             "eval_every",  # evaluation draws no random numbers: it never changes the math
             "eval_batch_size",
+            # where it runs and what it costs, not what it computes (torch.compile's
+            # fusions may round differently, but a retry runs the same config)
+            "compile",
+            "compile_cache_root",
+            "neuron_cc_flags",
+            "instance_type",
+            "instance_prices",
         },
     )
     for optional in ("init_version", "dropout"):  # unset: the hash of configs before them
         if relevant[optional] is None:
             del relevant[optional]
-    blob = json.dumps(
-        {"cfg": relevant, "spec": spec.fingerprint(), "data": data_fp, "steps": steps},
-        sort_keys=True,
-    )
+    hashed = {"cfg": relevant, "spec": spec.fingerprint(), "data": data_fp, "steps": steps}
+    if world_size > 1:  # data parallel: another batch composition (absent: hashes before it)
+        hashed["world_size"] = world_size
+    blob = json.dumps(hashed, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -254,6 +267,18 @@ class EvalPoints:
         log.info("eval at step %d: %s", done, metrics)
 
 
+class ScoreAndEmbed(torch.nn.Module):
+    """``model.score_and_embed`` as a module's forward, so DistributedDataParallel (which
+    hooks ``forward``) can wrap the training step."""
+
+    def __init__(self, model: RelevanceModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.model.score_and_embed(*args)
+
+
 def eval_step_report(step: int) -> str:
     """Report name of the evaluation at ``step`` (``reports/{name}.json``)."""
     return f"eval-step-{step:08d}"
@@ -294,28 +319,49 @@ def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) 
     return {"source": "base", "weights": versions.load_base_weights(model)}
 
 
+def prepare_compile(cfg: TrainConfig, backend_name: str) -> dict[str, Any]:
+    """Before the backend starts: Neuron's compile environment (the one the compile job
+    gave its trial), or the torch.compile cache entry restored. Returns the report's
+    ``compile`` section."""
+    mode = resolve_mode(cfg.compile, backend_name, cfg.model)
+    info: dict[str, Any] = {"mode": mode}
+    if mode == modes.NEURON_PARALLEL_COMPILE:
+        env = neuron_env(cfg)
+        os.environ.update(env)
+        info["env"] = env
+    elif mode == modes.TORCH_COMPILE:
+        key = cache_key(cfg, backend_name, mode, int(os.environ.get("WORLD_SIZE", "1")))
+        info["cache"] = torch_cache.restore(cache_root(cfg), backend_name, key)
+    return info
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train incrementally on one data interval and publish a model version."""
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
     spec = get_spec(cfg.model)
-    backend = get_backend(cfg.backend)
+    backend_name = resolve_backend(cfg.backend)
+    run_cost(backend_name, 0.0, cfg.instance_type, cfg.instance_prices)  # bad type: fail now
+    compile_info = prepare_compile(cfg, backend_name)
+    backend = get_backend(backend_name)
     examples = read_train(store, cfg.dataset, cfg.data_interval_start, cfg.interval_end)
     batch_size = cfg.batch_size or spec.default_batch_size
-    per_epoch = len(examples) // batch_size  # drop_last: every step has the same shape
+    world = backend.world_size  # each rank trains on its own batch_size rows per step
+    per_epoch = len(examples) // (batch_size * world)  # drop_last: fixed shapes
     if per_epoch == 0:
         raise BadInputError(
             f"data interval {cfg.data_interval_start}..{cfg.interval_end} has "
-            f"{len(examples)} rows, fewer than one batch of {batch_size}"
+            f"{len(examples)} rows, fewer than one batch of {batch_size} x {world} ranks"
         )
     total = (
         per_epoch * cfg.epochs
         if cfg.max_steps is None
         else min(cfg.max_steps, per_epoch * cfg.epochs)
     )
-    chash = config_hash(cfg, spec, data_fingerprint(examples), total)
+    chash = config_hash(cfg, spec, data_fingerprint(examples), total, world)
     report_rel = layout.report(cfg.model, cfg.run_id, "train")
-    _check_writable(store, cfg)
+    if backend.is_main:
+        _check_writable(store, cfg)
 
     published = versions.is_committed(store, cfg.model, cfg.output_version)
     if published is not None:
@@ -353,17 +399,26 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         loss_curve = checkpoint.meta.get("loss_curve", [])
         eval_curve = checkpoint.meta.get("eval_curve", [])
     else:
-        torch.manual_seed(cfg.seed)  # dropout stream independent of how init was reached
+        # dropout stream independent of how init was reached; one per rank
+        torch.manual_seed(cfg.seed + backend.rank)
         backend.seed(cfg.seed)
     evaluator = (
-        None if cfg.eval_every is None else EvalPoints(cfg, store, backend, tokenizer, eval_curve)
+        None
+        if cfg.eval_every is None or not backend.is_main
+        else EvalPoints(cfg, store, backend, tokenizer, eval_curve)
     )
+    forward = model.score_and_embed
+    if backend.world_size > 1:
+        forward = backend.data_parallel(ScoreAndEmbed(model))
+    if compile_info["mode"] == modes.TORCH_COMPILE:
+        forward = backend.compile(forward)
 
     loop_started = time.perf_counter()
-    loss_curve, compiles_after_warmup = _loop(
+    loss_curve, compiles_after_warmup, first_step_seconds = _loop(
         cfg,
         backend,
         model,
+        forward,
         optimizer,
         schedule,
         data,
@@ -378,6 +433,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     loop_seconds = time.perf_counter() - loop_started
     eval_seconds = 0.0 if evaluator is None else evaluator.seconds
+    if not backend.is_main:  # rank 0 alone publishes the version and the report
+        backend.stop_distributed()
+        return {"status": "ok", "rank": backend.rank, "steps": total}
 
     weights = cpu_state_dict(model)
     version_url = versions.publish(
@@ -411,7 +469,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "rows": len(examples),
         "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
         "sources": list(examples.sources),
-        "samples_per_second": round(steps_run * batch_size / (loop_seconds - eval_seconds), 2)
+        "samples_per_second": round(
+            steps_run * batch_size * world / (loop_seconds - eval_seconds), 2
+        )
         if steps_run and loop_seconds > eval_seconds
         else None,
         "wall_seconds": round(time.perf_counter() - started, 3),
@@ -426,9 +486,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "config_hash": chash,
         "compiles_after_warmup": compiles_after_warmup,
         "compiles": backend.compiles(),
+        "compile": compile_info,
+        "seconds_to_first_step": None
+        if first_step_seconds is None
+        else round(first_step_seconds, 3),
         **backend.metadata(),
     }
+    report.update(
+        run_cost(backend_name, report["wall_seconds"], cfg.instance_type, cfg.instance_prices)
+    )
     store.write_json(report_rel, report)
+    backend.stop_distributed()
     return _summary(report, store.url(report_rel))
 
 
@@ -448,7 +516,9 @@ def _restore(
 ) -> int:
     optimizer.load_state_dict(checkpoint.state["optimizer"])
     schedule.load_state_dict(checkpoint.state["schedule"])
-    set_rng_state(checkpoint.state["rng"], backend, seed=seed * 1_000_003 + checkpoint.step)
+    ranks = checkpoint.state.get("rng_ranks")
+    rng = ranks[backend.rank] if ranks and len(ranks) == backend.world_size else None
+    set_rng_state(rng or checkpoint.state["rng"], backend, seed=seed * 1_000_003 + checkpoint.step)
     return checkpoint.step
 
 
@@ -456,6 +526,7 @@ def _loop(
     cfg: TrainConfig,
     backend: Backend,
     model: RelevanceModel,
+    forward: Any,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LambdaLR,
     data: TrainingSet,
@@ -467,10 +538,15 @@ def _loop(
     init: dict[str, Any],
     loss_curve: list[list[float]],
     evaluator: EvalPoints | None = None,
-) -> tuple[list[list[float]], int]:
-    """Steps ``first_step..total``; returns the loss curve and the graph compilations
-    after this attempt's first :data:`WARMUP_STEPS` steps, evaluation's own apart. With
-    fixed shapes it is 0."""
+) -> tuple[list[list[float]], int, float | None]:
+    """Steps ``first_step..total`` with ``forward`` (``model.score_and_embed``, compiled
+    or not); returns the loss curve, the graph compilations after this attempt's first
+    :data:`WARMUP_STEPS` steps, evaluation's own apart (0 with fixed shapes), and the
+    seconds from the loop's start to the end of its first step (compilation included)."""
+    loop_started = time.perf_counter()
+    first_step_seconds = None
+    # neuron_parallel_compile's trial extracts graphs and runs none: its values are junk.
+    extracting = bool(os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY"))
     model.train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     order, order_epoch = None, -1
@@ -478,7 +554,7 @@ def _loop(
 
     def record(loss: torch.Tensor, done: int, epoch: int) -> None:
         value = float(loss.detach().to("cpu"))
-        if not np.isfinite(value):
+        if not np.isfinite(value) and not extracting:
             raise BadInputError(
                 f"loss is {value} at step {done}: training diverged (lower the learning "
                 "rate or check the data); no checkpoint or model was written for it"
@@ -490,10 +566,11 @@ def _loop(
         epoch, position = divmod(step, per_epoch)
         if epoch != order_epoch:
             order, order_epoch = epoch_order(cfg.seed, epoch, len(data.labels)), epoch
-        index = order[position * batch_size : (position + 1) * batch_size]
+        start = (position * backend.world_size + backend.rank) * batch_size
+        index = order[start : start + batch_size]  # this rank's shard of the global batch
         batch = backend.to_device(data.batch(index))
         with backend.autocast():
-            logits, q, p = model.score_and_embed(
+            logits, q, p = forward(
                 batch["query_ids"],
                 batch["query_mask"],
                 batch["product_ids"],
@@ -517,25 +594,33 @@ def _loop(
         backend.optimizer_step(optimizer)
         schedule.step()
         backend.mark_step()
+        if first_step_seconds is None:
+            first_step_seconds = time.perf_counter() - loop_started
         if done - first_step == WARMUP_STEPS:
             compiles_after_first = backend.compiles()
             eval_compiles_at_warmup = 0 if evaluator is None else evaluator.compiles
         if evaluator is not None and evaluator.due(done, total):
             evaluator(model, done, cfg.output_version)
         if done % cfg.checkpoint_every == 0 and done < total:
+            rngs = backend.gather(rng_state(backend))  # every rank's, for a bit-exact resume
+            if not backend.is_main:
+                continue
+            state = {
+                "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(),
+                "rng": rngs[0],
+            }
+            if backend.world_size > 1:
+                state["rng_ranks"] = rngs
             url = manager.save(
                 done,
                 cpu_state_dict(model),
-                {
-                    "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(),
-                    "rng": rng_state(backend),
-                },
+                state,
                 {
                     "init": init,
                     "epoch": epoch,
                     "position_in_epoch": position + 1,
-                    "samples_seen": done * batch_size,
+                    "samples_seen": done * batch_size * backend.world_size,
                     "loss_curve": loss_curve,
                     "eval_curve": [] if evaluator is None else evaluator.curve,
                 },
@@ -544,7 +629,7 @@ def _loop(
     after = 0 if compiles_after_first is None else backend.compiles() - compiles_after_first
     if evaluator is not None and compiles_after_first is not None:
         after -= evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs
-    return loss_curve, after
+    return loss_curve, after, first_step_seconds
 
 
 def _summary(report: dict[str, Any], url: str) -> dict[str, Any]:
@@ -559,6 +644,9 @@ def _summary(report: dict[str, Any], url: str) -> dict[str, Any]:
         "resumed_from",
         "init",
         "compiles_after_warmup",
+        "seconds_to_first_step",
+        "compute_hours",
+        "estimated_cost_usd",
     )
     return {**{k: report.get(k) for k in keys}, "report": url}
 

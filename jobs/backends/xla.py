@@ -54,6 +54,7 @@ class XlaBackend(Backend):
         self._xla, self._xm, self._met, self._xr = torch_xla, xm, met, xr
         super().__init__(name, torch_xla.device())
         self.world_size = xr.world_size()
+        self.rank = xr.global_ordinal()
 
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in batch.items()}
@@ -61,6 +62,15 @@ class XlaBackend(Backend):
     def inference(self) -> contextlib.AbstractContextManager[Any]:
         # XLA tensors cannot be inference tensors ("Cannot set version_counter").
         return torch.no_grad()
+
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module  # xm.optimizer_step all-reduces the gradients instead
+
+    def gather(self, obj: Any) -> list[Any]:
+        # Only this rank's: Python objects are not gathered over XLA collectives here (on
+        # PJRT CPU two processes each saw world size 1, FACTS.md), so a resume under XLA
+        # data parallel restores rank 0's RNG state on every rank.
+        return [obj]
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.world_size > 1:  # all-reduces the gradients, then steps
@@ -94,5 +104,4 @@ class XlaBackend(Backend):
             **super().metadata(),
             "torch_xla": self._xla.__version__,
             "pjrt_device": self._xr.device_type(),
-            "world_size": self.world_size,
         }

@@ -1,0 +1,139 @@
+"""Data parallel training on cpu under ``torchrun --nproc-per-node 2`` (gloo): each rank
+trains on its shard of the epoch order, DDP averages the gradients, rank 0 alone writes
+checkpoints, the version and the report, and a killed run resumes bit-exactly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT, job_env, run_job
+
+BASE = ("data_interval_start=2026-01-01", "init=base", "log_every=1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(root: str, run_id: str, *sets: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd += ["-m", "jobs.train"]
+    for s in (f"artifact_root={root}", f"run_id={run_id}", *BASE, *sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def weights(root: str, version: str) -> dict[str, torch.Tensor]:
+    path = Path(root.removeprefix("file://")) / "models/tiny/versions" / version
+    return load_file(path / "model.safetensors")
+
+
+def report(root: str, run_id: str) -> dict:
+    path = Path(root.removeprefix("file://")) / "runs/tiny" / run_id / "reports/train.json"
+    return json.loads(path.read_text())
+
+
+def test_two_ranks_match_one_process_with_the_global_batch(root: str) -> None:
+    # No dropout and no in-batch contrastive term: then the mean of the two ranks'
+    # gradients is the gradient of one process over both shards together.
+    same_math = ("contrastive_weight=0", "dropout=0", "max_steps=6", "checkpoint_every=3")
+    done = subprocess.run(
+        torchrun(root, "ddp", "batch_size=16", *same_math),
+        cwd=ROOT,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = run_job(
+        "train", f"artifact_root={root}", "run_id=single", *BASE, "batch_size=32", *same_math
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    ddp, one = report(root, "ddp"), report(root, "single")
+    assert ddp["world_size"] == 2 and (ddp["nodes"], ddp["devices_per_node"]) == (1, 2)
+    assert ddp["compute_hours"] > 0 and ddp["estimated_cost_usd"] > 0
+    assert ddp["steps"] == one["steps"] == 6
+    a, b = weights(root, "ddp"), weights(root, "single")
+    assert a.keys() == b.keys()
+    start = weights_at_init(root)
+    moved = max(float((b[k] - start[k]).abs().max()) for k in b)
+    assert moved > 1e-3, "training did not move the weights"
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    # rank 0 alone wrote: one report, one version, the checkpoint listed once
+    checkpoints = Path(root.removeprefix("file://")) / "runs/tiny/ddp/checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003"]
+
+
+def weights_at_init(root: str) -> dict[str, torch.Tensor]:
+    from jobs.model import versions
+    from jobs.model.presets import get_spec
+
+    return {
+        k: v.detach().clone()
+        for k, v in versions.build_model(get_spec("tiny"), 0).state_dict().items()
+    }
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL torchrun and its workers: torchrun starts each worker in a session of its
+    own, so killing torchrun's process group alone leaves them training."""
+    parent = psutil.Process(pid)
+    for proc in [*parent.children(recursive=True), parent]:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            continue
+
+
+def test_killed_ddp_run_resumes_bit_exactly(root: str) -> None:
+    sets = ("batch_size=16", "max_steps=32", "checkpoint_every=4")
+    reference = subprocess.run(
+        torchrun(root, "whole", *sets), cwd=ROOT, env=job_env(), capture_output=True, timeout=600
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    proc = subprocess.Popen(
+        torchrun(root, "killed", *sets),
+        cwd=ROOT,
+        env=job_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        committed = False
+        for line in iter(proc.stderr.readline, ""):
+            # the log is read behind the run: kill at the first commit seen
+            if "checkpoint step" in line and "committed" in line:
+                committed = True
+                kill_tree(proc.pid)
+                break
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    assert committed and proc.returncode == -signal.SIGKILL, "the run ended before the kill"
+
+    resumed = subprocess.run(
+        torchrun(root, "killed", *sets), cwd=ROOT, env=job_env(), capture_output=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 4 <= report(root, "killed")["resumed_from"]["step"] < 32
+    a, b = weights(root, "killed"), weights(root, "whole")
+    assert all(torch.equal(a[k], b[k]) for k in b), "resume is not bit-exact"
