@@ -1,8 +1,9 @@
-"""A real Airflow (``airflow standalone``: api-server, scheduler, dag-processor,
-triggerer) on 127.0.0.1 for the end-to-end tests, and a small client for its REST API.
+"""A real Airflow (api-server, scheduler with the LocalExecutor, dag-processor: what
+``airflow standalone`` runs, less the triggerer) on 127.0.0.1 for the end-to-end tests,
+and a small client for its REST API.
 
-The server runs in its own session so that stopping it ends the whole process group:
-standalone's parts, the LocalExecutor's workers and any job they started. Every port
+The components run in one session of their own, so stopping ends the whole process group:
+the components, the LocalExecutor's workers and any job they started. Every port
 (API, the scheduler's and triggerer's log servers) is picked free at start, so several
 of these can run side by side on one box. :meth:`AirflowServer.stop` is idempotent and
 waits for the group to be gone.
@@ -10,7 +11,10 @@ waits for the group to be gone.
 
 from __future__ import annotations
 
+import base64
 import os
+import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +27,11 @@ import httpx
 
 from tests.airflow_home import AIRFLOW, airflow_home
 from tests.conftest import ROOT
+
+#: What runs: the REST and execution API, the scheduler with its LocalExecutor workers, and
+#: the DAG parser. ``airflow standalone`` would add a triggerer (no task here defers) and
+#: re-check the database migration first: ~30 s more start-up on a loaded 2-core box.
+COMPONENTS = ("api-server", "scheduler", "dag-processor")
 
 #: The project's main DAG, which the scheduler tests run.
 REFRESH = "embedding_model_refresh"
@@ -39,7 +48,7 @@ def free_port() -> int:
 
 
 def server_env(home: Path, artifact_root: str) -> dict[str, str]:
-    """Environment of ``airflow standalone`` in ``home``: a migrated SQLite database, the
+    """Environment of the Airflow components in ``home``: a migrated SQLite database, the
     project's DAGs, free ports on 127.0.0.1, and settings for a 2-core box."""
     env = airflow_home(home, artifact_root)
     port = free_port()
@@ -52,6 +61,15 @@ def server_env(home: Path, artifact_root: str) -> dict[str, str]:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            # The components start at once, so each would generate its own secrets into a
+            # new airflow.cfg; the scheduler's task tokens must verify at the api-server.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             # LocalExecutor starts `parallelism` workers: 32 by default, too many here.
             "AIRFLOW__CORE__PARALLELISM": "2",
@@ -65,7 +83,7 @@ def server_env(home: Path, artifact_root: str) -> dict[str, str]:
 
 
 class AirflowServer:
-    """``airflow standalone`` started in its own process group, logging to a file."""
+    """The Airflow :data:`COMPONENTS` started in one process group of their own."""
 
     #: Seconds after which the server stops itself, whatever happens to the test process.
     max_lifetime_s = 1200
@@ -74,26 +92,33 @@ class AirflowServer:
         self.home = home
         self.env = server_env(home, artifact_root)
         self.base_url = f"http://127.0.0.1:{self.env['AIRFLOW__API__PORT']}"
-        self.log_path = home / "standalone.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._token: str | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self, timeout: float = 180) -> AirflowServer:
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                # timeout ends the whole group even if pytest itself is killed.
-                ["timeout", "-k", "10", str(self.max_lifetime_s), AIRFLOW, "standalone"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        # One shell leads the session and its process group; the components are its
+        # children, each logging to its own file. `timeout` ends the group by itself
+        # should pytest die before stop().
+        script = " ".join(
+            f"{shlex.quote(AIRFLOW)} {part} > {shlex.quote(str(self.log_file(part)))} 2>&1 &"
+            for part in COMPONENTS
+        )
+        self._proc = subprocess.Popen(
+            ["timeout", "-k", "10", str(self.max_lifetime_s), "sh", "-c", f"{script} wait"],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.wait_for(self._api_answers, timeout, "the api-server to answer")
         return self
+
+    def log_file(self, component: str) -> Path:
+        return self.home / f"{component}.log"
 
     def _api_answers(self) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
@@ -110,7 +135,7 @@ class AirflowServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        pgid = proc.pid  # start_new_session: standalone leads its own group
+        pgid = proc.pid  # start_new_session: it leads its own group
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while _group_alive(pgid) and time.monotonic() < deadline:
@@ -119,11 +144,16 @@ class AirflowServer:
         _signal_group(pgid, signal.SIGKILL)
         proc.wait(timeout=30)
 
-    def log_tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of each component's log, for failure messages."""
+        tails = []
+        for part in COMPONENTS:
+            try:
+                text = self.log_file(part).read_text(errors="replace")[-chars:]
+            except OSError:
+                text = "(no log)"
+            tails.append(f"--- {part} ---\n{text}")
+        return "\n".join(tails)
 
     def wait_for(self, condition: Callable[[], Any], timeout: float, what: str, every: float = 1):
         """Poll ``condition`` until it returns something truthy; fail with the server log."""
@@ -147,13 +177,19 @@ class AirflowServer:
         return self._token
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(
-            method,
-            f"{self.base_url}/api/v2{path}",
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=30,
-            **kwargs,
-        )
+        """One REST call; a request the api-server lost to SQLite's single writer lock
+        (500 "Database error": nothing was committed) is sent again, up to 5 times."""
+        for attempt in range(5):
+            response = httpx.request(
+                method,
+                f"{self.base_url}/api/v2{path}",
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=60,
+                **kwargs,
+            )
+            if response.status_code != 500 or "Database error" not in response.text:
+                break
+            time.sleep(1 + attempt)
         if response.status_code >= 400:
             raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
         return response.json() if response.content else None
@@ -197,6 +233,26 @@ class AirflowServer:
         page = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")
         return page["task_instances"]
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """A task try's log as text, one line per event (exceptions included), read
+        through the API."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        content = self.api("GET", f"{path}?full_content=true")["content"]
+        if isinstance(content, str):
+            return content
+        return "\n".join(_log_line(e) for e in content)
+
+    def explain(self, dag_id: str, run_id: str, lines: int = 30) -> str:
+        """Task states and the log tail of every failed task: a failure message."""
+        tis = self.task_instances(dag_id, run_id)
+        parts = [f"task states: {task_states(tis)}"]
+        for ti in tis:
+            if ti["state"] == "failed":
+                log = self.task_log(dag_id, run_id, ti["task_id"], ti["try_number"])
+                tail = "\n".join(log.splitlines()[-lines:])
+                parts.append(f"--- {ti['task_id']} (try {ti['try_number']}) ---\n{tail}")
+        return "\n".join(parts)
+
 
 def task_states(tis: Iterable[dict[str, Any]]) -> dict[str, str]:
     """``{task_id: state}`` of unmapped tasks, ``{task_id[i]: state}`` of mapped ones."""
@@ -204,6 +260,14 @@ def task_states(tis: Iterable[dict[str, Any]]) -> dict[str, str]:
         ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]": ti["state"]
         for ti in tis
     }
+
+
+def _log_line(event: Any) -> str:
+    """A structured task log event as text, with its exception (type: message) if any."""
+    if not isinstance(event, dict):
+        return str(event)
+    errors = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in event.get("error_detail") or ()]
+    return " | ".join([str(event.get("event", "")), *errors])
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -11,7 +11,6 @@ flipped, so fine-tuning on it wrecks accuracy on the fixed held-out set (measure
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,9 +62,9 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     run = server.wait_for_run(REFRESH, run_id)
     tis = server.task_instances(REFRESH, run_id)
     states = task_states(tis)
-    assert run["state"] == "failed", (states, server.log_tail())
+    assert run["state"] == "failed", server.explain(REFRESH, run_id)
 
-    assert states["train"] == states["evaluate"] == "success", states
+    assert states["train"] == states["evaluate"] == "success", server.explain(REFRESH, run_id)
     assert states["gate"] == "failed", states
     after_gate = ("promote", "list_shards", "embed", "verify")
     assert {states[t] for t in after_gate} == {"upstream_failed"}, states
@@ -74,12 +73,9 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     tries = server.api("GET", f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/gate/tries")
     assert [t["try_number"] for t in tries["task_instances"]] == [1]
     # The gate job exited 3 and the operator failed the task for good (no retry).
-    log = server.api(
-        "GET", f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/gate/logs/1?full_content=true"
-    )
-    assert "failed with exit code 3 (quality gate refused the model), not retrying" in json.dumps(
-        log
-    )
+    log = server.task_log(REFRESH, run_id, "gate", 1)
+    refused = "jobs.gate failed with exit code 3 (quality gate refused the model), not retrying"
+    assert f"AirflowFailException: {refused}" in log, log
 
     gate = store.read_json(layout.report("tiny", run_id, "gate"))
     assert gate["verdict"] == "FAIL"

@@ -61,7 +61,7 @@ def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
 
     run = server.wait_for_run(REFRESH, run_id)
     tis = server.task_instances(REFRESH, run_id)
-    assert run["state"] == "success", (task_states(tis), server.log_tail())
+    assert run["state"] == "success", server.explain(REFRESH, run_id)
     assert set(task_states(tis).values()) == {"success"}
     (train_ti,) = [ti for ti in tis if ti["task_id"] == "train"]
     assert train_ti["try_number"] == 2
