@@ -12,8 +12,9 @@ from tests.airflow.server import REFRESH, AirflowServer
 
 @pytest.fixture(scope="session")
 def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServer]:
-    """``airflow standalone`` on 127.0.0.1 in a throw-away AIRFLOW_HOME; its process group
-    is ended at the end of the session, also when a test failed."""
+    """Airflow (api-server, scheduler, dag-processor) on 127.0.0.1 in a throw-away
+    AIRFLOW_HOME; its process group is ended at the end of the session, also when a test
+    failed."""
     home = tmp_path_factory.mktemp("airflow-server")
     # The Params' default root: only the scheduler's own runs use it (tests pass theirs).
     server = AirflowServer(home, f"file://{tmp_path_factory.mktemp('default-artifacts')}")

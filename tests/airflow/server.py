@@ -123,7 +123,7 @@ class AirflowServer:
     def _api_answers(self) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
             raise RuntimeError(
-                f"airflow standalone exited {self._proc.returncode}:\n{self.log_tail()}"
+                f"the Airflow components exited ({self._proc.returncode}):\n{self.log_tail()}"
             )
         try:
             return httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).status_code == 200

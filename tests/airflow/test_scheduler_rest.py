@@ -1,6 +1,7 @@
 """A real scheduler run of ``embedding_model_refresh``: triggered through the REST API
-(``/api/v2``) of ``airflow standalone`` on 127.0.0.1, polled to success, and every task
-instance (the mapped embed tasks one by one) read back through the API.
+(``/api/v2``) of a real api-server + scheduler + dag-processor on 127.0.0.1 (server.py),
+polled to success, and every task instance (the mapped embed tasks one by one) read back
+through the API.
 
 Tiny model and the conftest data set (1,024 training rows, a 600-row corpus in 3 shards),
 so the run takes tens of seconds on 2 cores. Three epochs, the Param default: with one
