@@ -9,8 +9,9 @@ parsed (default :data:`DEFAULT_DEADLINE_SECONDS`, 6 hours). A ``VariableInterval
 not used: with the Variable missing, Airflow fails to create the run at all.
 
 When the scheduler sees the deadline pass before the run ended, it queues
-:func:`record_deadline_breach` on the executor (a ``SyncCallback``; LocalExecutor and
-CeleryExecutor run them). The breach then shows in three places: Airflow's own
+:func:`record_deadline_breach` on the executor (a ``SyncCallback``: the executor must
+support callbacks, as Airflow 3.3.2's LocalExecutor used here and in docker-compose.yaml
+does). The breach then shows in three places: Airflow's own
 Deadlines view of the run (the ``deadline`` row marked missed), a WARNING line in the
 callback's log, and ``runs/<model>/<run_id>/reports/deadline.json`` in the artifact
 store beside the run's other reports, which the pipeline's own pages and tools read.
