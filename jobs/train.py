@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,38 @@ class TrainingSet:
             "features": self.features[i],
             "labels": self.labels[i],
         }
+
+
+class RankBatches:
+    """This rank's host batches of steps ``first..total``, in order: step ``s`` takes
+    the rank's shard of the global batch at its position in the epoch order. Iterable
+    more than once and sized, as a data loader (and ``MpDeviceLoader``) expects."""
+
+    def __init__(
+        self,
+        data: TrainingSet,
+        seed: int,
+        per_epoch: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        first: int,
+        total: int,
+    ) -> None:
+        self.data, self.seed, self.per_epoch, self.batch_size = data, seed, per_epoch, batch_size
+        self.rank, self.world_size, self.first, self.total = rank, world_size, first, total
+
+    def __len__(self) -> int:
+        return self.total - self.first
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        order, order_epoch = None, -1
+        for step in range(self.first, self.total):
+            epoch, position = divmod(step, self.per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(self.seed, epoch, len(self.data.labels)), epoch
+            start = (position * self.world_size + self.rank) * self.batch_size
+            yield self.data.batch(order[start : start + self.batch_size])
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -549,7 +582,18 @@ def _loop(
     extracting = bool(os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY"))
     model.train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    order, order_epoch = None, -1
+    batches = backend.loader(
+        RankBatches(
+            data,
+            cfg.seed,
+            per_epoch,
+            batch_size,
+            backend.rank,
+            backend.world_size,
+            first_step,
+            total,
+        )
+    )
     compiles_after_first, eval_compiles_at_warmup = None, 0
 
     def record(loss: torch.Tensor, done: int, epoch: int) -> None:
@@ -562,13 +606,8 @@ def _loop(
         loss_curve.append([done, round(value, 6)])
         log.info("step %d/%d epoch %d loss %.4f", done, total, epoch, value)
 
-    for step in range(first_step, total):
+    for step, batch in zip(range(first_step, total), batches, strict=False):
         epoch, position = divmod(step, per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(cfg.seed, epoch, len(data.labels)), epoch
-        start = (position * backend.world_size + backend.rank) * batch_size
-        index = order[start : start + batch_size]  # this rank's shard of the global batch
-        batch = backend.to_device(data.batch(index))
         with backend.autocast():
             logits, q, p = forward(
                 batch["query_ids"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,12 @@ class Backend:
 
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def loader(
+        self, batches: Iterable[dict[str, torch.Tensor]]
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """``batches`` (host tensors) on the device, in order."""
+        return (self.to_device(batch) for batch in batches)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:

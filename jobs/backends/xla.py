@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -58,6 +58,15 @@ class XlaBackend(Backend):
 
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in batch.items()}
+
+    def loader(
+        self, batches: Iterable[dict[str, torch.Tensor]]
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """``batches`` through ``MpDeviceLoader``: a background thread uploads the next
+        batches while the device runs the current step."""
+        from torch_xla.distributed.parallel_loader import MpDeviceLoader  # noqa: PLC0415
+
+        return iter(MpDeviceLoader(batches, self.device))
 
     def inference(self) -> contextlib.AbstractContextManager[Any]:
         # XLA tensors cannot be inference tensors ("Cannot set version_counter").

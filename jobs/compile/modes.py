@@ -16,12 +16,13 @@ EAGER = "eager"
 XLA_TRACE = "xla-trace"
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
 
-#: ``compile=auto``: torch.compile where it trained faster than eager, per (backend,
+#: ``compile=auto``: torch.compile where it trains faster than eager, per (backend,
 #: model), from ``bench/compile.py`` (docs/BENCHMARKS.md, "torch.compile vs eager
-#: training on cpu", 2026-11-22, 2 shared CPU cores, one thread each): tiny trained at
-#: 1.77 steps/s compiled vs 2.77 eager (0.64x), and compiling cost 304 s cold / 56 s
-#: warm to the first step against 0.75 s eager, so eager on cpu. cuda is unmeasured
-#: here (no GPU on this machine): eager until a measurement says otherwise.
+#: training on cpu", 2026-11-22, 2 overloaded CPU cores, one thread each): tiny 1.77
+#: steps/s compiled vs 2.77 eager (0.64x); minilm 0.073 vs 0.063 (1.15x, one noisy run)
+#: for 80 s more to the first step even with the cache restored (328 s on a miss), so a
+#: payback only after ~33 steps if real: eager on cpu for both until a quiet re-run.
+#: cuda is unmeasured here (no GPU): eager until a measurement says otherwise.
 COMPILE_DEFAULTS: dict[tuple[str, str], bool] = {
     ("cpu", "tiny"): False,
     ("cpu", "minilm"): False,
