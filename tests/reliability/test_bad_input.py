@@ -1,14 +1,18 @@
-"""Bad input ends a job with exit code 2 and one line ``<job>: error: ...`` on stderr
-that names the problem, and leaves nothing half-written in the store: no model
-version, no report, registry untouched.
+"""The bad-input catalogue: bad input ends a job with exit code 2 and one line
+``<job>: error: ...`` on stderr that names the problem, and leaves nothing half-written
+in the store: no model version, no report, and the registry and the published
+embeddings byte-identical (sha256 of every file of the store, before and after).
 
-Each case runs the real program (``python -m jobs.train``) against a private copy of
-the generated data set, with the broken part written through pyarrow.
+Each case runs the real program (``python -m jobs.<name>``) against a private copy of
+a store that already has a production model (``prod``, promoted) and its published
+embeddings, with the broken part written through pyarrow. docs/RELIABILITY.md lists
+every case with the test that proves it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -30,6 +34,33 @@ from tests.conftest import ROOT, job_env, run_job
 
 RUN = "bad"
 START = "data_interval_start=2026-01-01"
+PROD = "prod"
+
+
+@pytest.fixture(scope="module")
+def published(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The generated data set plus what production looks like: version ``prod``
+    trained, promoted, and the corpus embedded with it."""
+    dest = tmp_path_factory.mktemp("published") / "artifacts"
+    shutil.copytree(data_template, dest)
+    root = f"file://{dest}"
+    trained = run_job(
+        "train", f"artifact_root={root}", f"run_id={PROD}", START, "max_steps=2", "init=base"
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    Registry(ArtifactStore(root), "tiny").promote(PROD, None, {"decision": "PASS"})
+    embedded = run_job("embed", f"artifact_root={root}", f"run_id={PROD}", f"version={PROD}")
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    assert (dest / "embeddings/tiny/prod/products/part-00000.COMMIT").exists()
+    return dest
+
+
+@pytest.fixture
+def root(published: Path, tmp_path: Path) -> str:
+    """A private copy of :func:`published`."""
+    dest = tmp_path / "artifacts"
+    shutil.copytree(published, dest)
+    return f"file://{dest}"
 
 
 def _dir(root: str) -> Path:
@@ -70,6 +101,8 @@ def assert_nothing_published(root: str, before: dict[str, str], run_id: str = RU
     assert not (base / f"models/tiny/versions/{run_id}/COMMIT").exists()
     assert not (base / f"runs/tiny/{run_id}/reports/train.json").exists()
     assert snapshot(base) == before, "the failed job changed the store"
+    assert any(k.startswith("models/tiny/registry.json") for k in before)
+    assert any(k.startswith("embeddings/tiny/prod/") for k in before)
 
 
 # -- broken partitions -------------------------------------------------------------------
@@ -209,6 +242,7 @@ def test_root_under_a_regular_file(tmp_path):
 
 def test_run_directory_blocked_by_a_file(root):
     """Data readable, but ``runs`` is a regular file: checkpoints cannot be written."""
+    shutil.rmtree(_dir(root) / "runs")  # the reports of the production run
     (_dir(root) / "runs").write_text("blocks the runs/ directory")
     before = snapshot(_dir(root))
     result = run_job(
@@ -292,7 +326,7 @@ def test_second_run_cannot_republish_a_version_with_another_config(root):
     )
     assert first.returncode == 0, first.stderr[-3000:]
     store = ArtifactStore(root)
-    Registry(store, "tiny").promote("first", None, {"decision": "PASS"})
+    Registry(store, "tiny").promote("first", PROD, {"decision": "PASS"})
     before = snapshot(_dir(root))
     assert "models/tiny/versions/first/COMMIT" in before
     assert "models/tiny/registry.json" in before
@@ -319,3 +353,192 @@ def test_evaluate_a_version_that_does_not_exist(root):
     assert_one_line_error(result, "evaluate", "models/tiny/versions/nope", "not usable")
     assert not (_dir(root) / "runs/tiny/ev/reports/eval.json").exists()
     assert snapshot(_dir(root)) == before
+
+
+# -- registry, checkpoints, eval rows, corpus, credentials ----------------------------------
+
+
+def _corrupt_registry(root: str) -> None:
+    path = _dir(root) / "models/tiny/registry.json"
+    path.write_bytes(path.read_bytes()[:40])  # cut mid-document, as a torn write would
+
+
+@pytest.mark.parametrize(
+    "job, sets",
+    [
+        ("train", [f"run_id={RUN}", START, "init=production"]),
+        ("gate", [f"run_id={PROD}"]),
+    ],
+)
+def test_corrupted_registry_is_refused_never_reset(root, job, sets):
+    _corrupt_registry(root)
+    before = snapshot(_dir(root))
+    result = run_job(job, f"artifact_root={root}", *sets)
+    assert_one_line_error(result, job, "registry", "is corrupted", "never reset automatically")
+    assert snapshot(_dir(root)) == before
+
+
+def test_checkpoint_of_another_model_config_is_refused(root):
+    """A run id reused with other hyperparameters: its checkpoints are not resumed."""
+    first = run_job(
+        "train",
+        f"artifact_root={root}",
+        "run_id=reused",
+        START,
+        "max_steps=9",
+        "checkpoint_every=4",
+        "init=base",
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (_dir(root) / "runs/tiny/reused/checkpoints/step-00000008/COMMIT").exists()
+    before = snapshot(_dir(root))
+    result = run_job(
+        "train",
+        f"artifact_root={root}",
+        "run_id=reused",
+        "version=reused-2",
+        START,
+        "max_steps=9",
+        "checkpoint_every=4",
+        "init=base",
+        "learning_rate=0.5",
+    )
+    assert_one_line_error(
+        result, "train", "step-00000008", "written by another configuration", "start a new run id"
+    )
+    assert snapshot(_dir(root)) == before
+
+
+def test_gate_with_zero_eval_rows(root):
+    evaluated = run_job("evaluate", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    reports = _dir(root) / f"runs/tiny/{RUN}/reports"
+    for path in reports.glob("eval.*.parquet"):
+        pq.write_table(pq.read_table(path).slice(0, 0), path)
+    before = snapshot(_dir(root))
+    result = run_job("gate", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}")
+    assert_one_line_error(result, "gate", "candidate outcomes have no rows")
+    # The gate evaluates its reference before it reads the candidate's outcomes: that
+    # report is new; the registry, the versions and the embeddings are untouched.
+    after = snapshot(_dir(root))
+    assert {k: after.get(k) for k in before} == before
+    new = sorted(after.keys() - before.keys())
+    assert all(k.startswith(f"runs/tiny/{RUN}/reports/eval-reference.") for k in new), new
+    assert not (reports / "gate.json").exists()
+
+
+def test_evaluate_an_empty_eval_split(root):
+    (part,) = (_dir(root) / "datasets/products/eval").rglob("*.parquet")
+    pq.write_table(pq.read_table(part).slice(0, 0), part)
+    before = snapshot(_dir(root))
+    result = run_job("evaluate", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}")
+    assert_one_line_error(result, "evaluate", "empty eval split", "has no rows")
+    assert snapshot(_dir(root)) == before
+
+
+def test_promote_without_a_gate_report(root):
+    before = snapshot(_dir(root))
+    result = run_job("promote", f"artifact_root={root}", f"run_id={RUN}")
+    assert_one_line_error(result, "promote", "no gate report", "run the gate job first")
+    assert snapshot(_dir(root)) == before
+
+
+def _write_corpus(root: str, name: str, ids: list[int], texts: list[str]) -> None:
+    path = _dir(root) / f"corpora/{name}/part-00000.parquet"
+    path.parent.mkdir(parents=True)
+    table = pa.table({"id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())})
+    pq.write_table(table, path)
+
+
+EMBED_CASES = {
+    "duplicate-corpus-ids": (
+        ["corpus=dups"],
+        lambda r: _write_corpus(r, "dups", [1, 2, 2, 3], ["a", "b", "c", "d"]),
+        ["corpora/dups/part-00000.parquet", "1 duplicate ids", "[2]"],
+    ),
+    "unknown-corpus": (["corpus=nope"], None, ["corpora/nope"]),
+    "unknown-version": (["version=nope"], None, ["models/tiny/versions/nope"]),
+    "unknown-backend": (["backend=tpu"], None, ["unknown backend 'tpu'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(EMBED_CASES))
+def test_embed_bad_input(root, case):
+    sets, prepare, words = EMBED_CASES[case]
+    if prepare is not None:
+        prepare(root)
+    before = snapshot(_dir(root))
+    result = run_job("embed", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}", *sets)
+    assert_one_line_error(result, "embed", *words)
+    assert snapshot(_dir(root)) == before
+
+
+def test_over_long_text_is_truncated_and_counted(root):
+    """Not an error: a text longer than the model's window is cut to it (as in
+    training), and the report counts how many were."""
+    long_text = " ".join(["wireless noise cancelling headphones"] * 20_000)
+    _write_corpus(root, "long", [1, 2], [long_text, "usb cable"])
+    before = snapshot(_dir(root))
+    result = run_job(
+        "embed", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}", "corpus=long"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((_dir(root) / f"runs/tiny/{RUN}/reports/embed.json").read_text())
+    assert report["truncated"] == 1, report
+    after = snapshot(_dir(root))
+    assert {k: after[k] for k in before} == before  # only new files, nothing replaced
+    assert all(
+        k.startswith(("embeddings/tiny/prod/long/", f"runs/tiny/{RUN}/"))
+        for k in after.keys() - before.keys()
+    )
+
+
+def test_missing_s3_credentials(s3_root):
+    """No key in the environment, no shared credentials file, no instance metadata."""
+    import boto3
+
+    bucket = s3_root.removeprefix("s3://").split("/")[0]
+    s3 = boto3.client("s3")
+    listing = lambda: {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}  # noqa: E731
+    before = listing()
+    env = job_env(
+        {
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+            "AWS_CONFIG_FILE": "/nonexistent/config",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "jobs.train"]
+    for s in (f"artifact_root={s3_root}", f"run_id={RUN}", START):
+        cmd += ["--set", s]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert_one_line_error(result, "train", "no AWS credentials", s3_root)
+    assert listing() == before
+
+
+# -- invalid Params: refused by Airflow before a run (and a job) exists -------------------
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("epochs", 0, "less than the minimum of 1"),
+        ("nproc", "two", "'two' is not of type 'integer'"),
+        ("backend", "tpu", "'tpu' is not one of"),
+    ],
+)
+def test_invalid_dag_params_are_refused_before_a_run(name, value, words):
+    """The trigger form and the REST API validate the Params of
+    ``embedding_model_refresh`` against their schema; the jobs validate again."""
+    import copy
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from dags.embedding_model_refresh import dag
+
+    params = copy.deepcopy(dag.params)
+    with pytest.raises(ParamValidationError, match=f"Invalid input for param {name}") as info:
+        params.update({name: value})
+    assert words in str(info.value)
