@@ -4,13 +4,17 @@ Run on demand, not in CI::
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/embeddings.py [--texts 10000] [--repeats 3]
 
-One invocation runs every variant in its own subprocess, one after the other, on the same
-texts with the same thread count (so each peak RSS is that variant's own): ``st`` (the
-shipped all-MiniLM-L6-v2 through sentence-transformers, batch size swept over 32/64/128
-on a subset, the best one timed on all texts), ``ours-fp32`` and ``ours-int8`` (length
-bucketing + ``model.embed`` from :mod:`jobs.embedding.encode`, in memory, no store).
-Both sides truncate at 256 tokens (the shipped model's ``max_seq_length``). Each timing
-is repeated and the median reported, after one untimed warm-up batch. A last subprocess
+One invocation runs every variant in its own subprocess on the same texts with the same
+thread count (so each peak RSS is that variant's own): ``st`` (the shipped
+all-MiniLM-L6-v2 through sentence-transformers, batch size swept over 32/64/128 on a
+subset in the first round, the best one timed on all texts), ``ours-fp32`` and
+``ours-int8`` (length bucketing + the unpadded oneDNN forward of
+:mod:`jobs.embedding.packed`, as the embed job runs it, in memory, no store) and
+``ours-fp32-padded`` (the same buckets through the padded ``model.embed``: what packing
+and oneDNN add). Both sides truncate at 256 tokens (the shipped model's
+``max_seq_length``). The variants are interleaved: each round runs every variant once
+(one untimed warm-up batch, then one timed pass over all texts), so load from other
+work on a shared machine hits all of them alike; the median over rounds is reported. A last subprocess
 runs the int8 parity gate (:func:`jobs.embedding.int8.parity_gate`) on a generated eval
 split with the embed job's defaults. Prints a Markdown table and appends it with the
 command, machine and date to ``docs/BENCHMARKS.md``.
@@ -36,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+TIMED = ("st", "ours-fp32", "ours-fp32-padded", "ours-int8")
 MAX_LENGTH = 256
 ST_BATCH_SIZES = (32, 64, 128)
 SWEEP_TEXTS = 1000
@@ -84,7 +89,9 @@ def _time(fn, repeats: int) -> tuple[float, np.ndarray, list[float]]:
     return statistics.median(seconds), out, seconds
 
 
-def run_variant(variant: str, texts: list[str], repeats: int) -> dict:
+def run_variant(
+    variant: str, texts: list[str], repeats: int, batch_size: int | None = None
+) -> dict:
     import torch
 
     threads = torch.get_num_threads()
@@ -100,11 +107,11 @@ def run_variant(variant: str, texts: list[str], repeats: int) -> dict:
         st.encode(texts[:64], batch_size=64)  # warm-up
         sweep = {}
         subset = texts[:SWEEP_TEXTS]
-        for bs in ST_BATCH_SIZES:
+        for bs in ST_BATCH_SIZES if batch_size is None else ():
             t0 = time.perf_counter()
             st.encode(subset, batch_size=bs, convert_to_numpy=True)
             sweep[bs] = len(subset) / (time.perf_counter() - t0)
-        best = max(sweep, key=sweep.get)
+        best = max(sweep, key=sweep.get) if batch_size is None else batch_size
         median, vectors, all_s = _time(
             lambda: st.encode(texts, batch_size=best, convert_to_numpy=True), repeats
         )
@@ -128,14 +135,17 @@ def run_variant(variant: str, texts: list[str], repeats: int) -> dict:
         tok = VariableTokenizer(tokenizer_file().read_bytes(), MAX_LENGTH)
         hidden = spec.encoder.hidden_size
 
+        packed = variant != "ours-fp32-padded"
+
         def run() -> np.ndarray:  # tokenisation included, as sentence-transformers does
             return embed_texts(
-                model, backend, tok, texts, LENGTHS, TOKEN_BUDGET, hidden, static=False
+                model, backend, tok, texts, LENGTHS, TOKEN_BUDGET, hidden, False, packed
             )
 
-        embed_texts(model, backend, tok, texts[:64], LENGTHS, TOKEN_BUDGET, hidden)  # warm-up
+        # Warm-up
+        embed_texts(model, backend, tok, texts[:64], LENGTHS, TOKEN_BUDGET, hidden, False, packed)
         median, vectors, all_s = _time(run, repeats)
-        result.update(lengths=list(LENGTHS), token_budget=TOKEN_BUDGET)
+        result.update(lengths=list(LENGTHS), token_budget=TOKEN_BUDGET, packed=packed)
     result.update(
         seconds=[round(s, 3) for s in all_s],
         sentences_per_s=len(texts) / median,
@@ -194,7 +204,7 @@ def _child(args: argparse.Namespace) -> None:
         out = run_parity(work)
     else:
         texts = json.loads((work / "texts.json").read_text())
-        out, vectors = run_variant(args.variant, texts, args.repeats)
+        out, vectors = run_variant(args.variant, texts, args.repeats, args.batch_size)
         np.save(work / f"{args.variant}.npy", vectors)
     (work / f"{args.variant}.json").write_text(json.dumps(out))
 
@@ -220,6 +230,7 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         _child(args)
@@ -239,14 +250,29 @@ def main() -> None:
         work = Path(tmp)
         texts = make_texts(args.texts)
         (work / "texts.json").write_text(json.dumps(texts))
-        for variant in ("st", "ours-fp32", "ours-int8", "parity"):
-            print(f"running {variant} ...", file=sys.stderr, flush=True)
-            cmd = [sys.executable, __file__, "--variant", variant, "--workdir", tmp]
-            cmd += ["--repeats", str(args.repeats)]
-            subprocess.run(cmd, env=env, check=True)
-            results[variant] = json.loads((work / f"{variant}.json").read_text())
+        for r in range(args.repeats):
+            for variant in TIMED:
+                print(f"round {r + 1}: {variant} ...", file=sys.stderr, flush=True)
+                cmd = [sys.executable, __file__, "--variant", variant, "--workdir", tmp]
+                cmd += ["--repeats", "1"]
+                if variant == "st" and r:
+                    cmd += ["--batch-size", str(results["st"]["batch_size"])]
+                subprocess.run(cmd, env=env, check=True)
+                out = json.loads((work / f"{variant}.json").read_text())
+                if r:  # later rounds add their timing and peak to the first round's
+                    first = results[variant]
+                    first["seconds"] += out["seconds"]
+                    first["peak_rss_mib"] = max(first["peak_rss_mib"], out["peak_rss_mib"])
+                else:
+                    results[variant] = out
+        for out in (results[v] for v in TIMED):
+            out["sentences_per_s"] = out["texts"] / statistics.median(out["seconds"])
+        print("int8 parity gate ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, __file__, "--variant", "parity", "--workdir", tmp]
+        subprocess.run(cmd, env=env, check=True)
+        results["parity"] = json.loads((work / "parity.json").read_text())
         st_vec = np.load(work / "st.npy")
-        for variant in ("ours-fp32", "ours-int8"):
+        for variant in TIMED[1:]:
             v = np.load(work / f"{variant}.npy")
             cos = (v * st_vec).sum(1) / np.linalg.norm(v, axis=1) / np.linalg.norm(st_vec, axis=1)
             results[variant]["max_abs_1_minus_cos"] = float(np.abs(1 - cos).max())
@@ -256,11 +282,13 @@ def main() -> None:
     parity = results["parity"]
     rows = [
         ("sentence-transformers fp32", results["st"], f"batch {results['st']['batch_size']}"),
-        ("ours fp32", results["ours-fp32"], "bucketed, budget 4096"),
+        ("ours fp32", results["ours-fp32"], "bucketed, budget 4096, packed, oneDNN"),
+        ("ours fp32, padded", results["ours-fp32-padded"], "same buckets, padded, MKL"),
         ("ours int8 (dynamic)", results["ours-int8"], f"parity gate: {parity['verdict']}"),
     ]
     lines = [
-        "| variant | sentences/s (median of 3) | vs ST | max abs(1 - cos) vs ST | peak RSS MiB | notes |",
+        f"| variant | sentences/s (median of {args.repeats}) | vs ST | max abs(1 - cos) vs ST "
+        "| peak RSS MiB | notes |",
         "|---|---:|---:|---:|---:|---|",
     ]
     for name, r, note in rows:
@@ -278,8 +306,9 @@ def main() -> None:
             f"- Machine: {_machine()}; {results['st']['threads']} torch threads in every variant",
             f"- {args.texts} texts (product corpus + 10% long / non-English), max length "
             f"{MAX_LENGTH} on both sides; each variant in its own process (peak RSS = ru_maxrss)",
-            "- Timings per repeat (s): "
-            + "; ".join(f"{k} {results[k]['seconds']}" for k in ("st", "ours-fp32", "ours-int8")),
+            f"- {args.repeats} interleaved rounds (every variant once a round, fresh process); "
+            "timings per round (s): " + "; ".join(f"{k} {results[k]['seconds']}" for k in TIMED),
+            f"- Load average (1, 5, 15 min) at the end: {os.getloadavg()}",
             f"- ST batch-size sweep on {SWEEP_TEXTS} texts (sentences/s): {sweep}",
             f"- Ours: lengths {list(LENGTHS)}, token budget {TOKEN_BUDGET}, no dummy rows",
             f"- int8 parity gate (embed job defaults, max length {parity['max_length']}, "

@@ -222,8 +222,22 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
         ([_table([1, 2, 2], ["a", "b", "c"])], "1 duplicate ids"),
         ([_table([1, 2], ["a", "b"]), _table([3, 1], ["c", "d"])], "repeats 1 ids of shard"),
         ([_table([1, 2, 3], ["a", None, "c"])], "1 null texts (first at row 1)"),
+        # A string column whose bytes are not UTF-8 (Parquet does not check).
+        (
+            [pa.table({"id": [1, 2], "text": pa.array([b"ok", b"\xff\xfe"]).view(pa.string())})],
+            "not valid UTF-8",
+        ),
     ],
-    ids=["schema", "binary", "id-type", "empty", "dup-in-shard", "dup-across", "null-text"],
+    ids=[
+        "schema",
+        "binary",
+        "id-type",
+        "empty",
+        "dup-in-shard",
+        "dup-across",
+        "null-text",
+        "non-utf8",
+    ],
 )
 def test_bad_corpus_exits_2_naming_the_shard(
     root: str, shards: list[pa.Table], message: str, capsys: pytest.CaptureFixture

@@ -34,6 +34,11 @@ class EmbedConfig(JobConfig):
     static_batches: bool = True
     """Pad the last batch of each length bucket to the bucket's row count (one shape per
     bucket for XLA/Neuron/compile). False trims it, which only saves work in eager mode."""
+    packed: bool = True
+    """On a CPU/CUDA backend, run the linear layers on the real tokens only, padding
+    just for attention, and on CPU through oneDNN (:mod:`jobs.embedding.packed`): same
+    vectors, about 2x the padded forward on our CPUs. Ignored on xla/neuron, which
+    keep the static padded shapes."""
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
     quantize: Literal["none", "int8"] = "none"

@@ -1,5 +1,6 @@
 """Texts to unit vectors in memory: length bucketing (:mod:`jobs.embedding.bucketing`)
-and the model's ``embed``. The embed job runs it per corpus shard; the int8 parity gate
+and the model's ``embed``, or on eager CPU/CUDA its unpadded twin
+(:mod:`jobs.embedding.packed`). The embed job runs it per corpus shard; the int8 parity gate
 and ``bench/embeddings.py`` run it on plain lists of texts, without the store."""
 
 from __future__ import annotations
@@ -32,11 +33,23 @@ def embed_plan(
     rows: int,
     hidden: int,
     stats: EncodeStats | None = None,
+    packed: bool = True,
 ) -> np.ndarray:
     """Run every batch of ``plan`` through ``model.embed``; float32 [rows, hidden] in the
-    original text order, L2-normalised."""
+    original text order, L2-normalised. ``packed``: on a CPU/CUDA device, the unpadded
+    forward of :func:`jobs.embedding.packed.packed_embed` instead (same vectors; never on
+    XLA/Neuron, which need the static shapes)."""
     import torch
     import torch.nn.functional as F
+
+    from jobs.embedding.packed import packed_embed
+
+    if packed and backend.device.type in ("cpu", "cuda"):
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return packed_embed(model.encoder, ids, mask)
+    else:
+        forward = model.embed
 
     vectors = np.zeros((rows, hidden), dtype=np.float32)
     with torch.inference_mode():
@@ -48,7 +61,7 @@ def embed_plan(
                 }
             )
             with backend.autocast():
-                out = model.embed(dev["ids"], dev["mask"])
+                out = forward(dev["ids"], dev["mask"])
             backend.mark_step()
             out = F.normalize(out[: batch.real].float(), p=2, dim=1)
             vectors[batch.index] = out.to("cpu").numpy()
@@ -66,8 +79,9 @@ def embed_texts(
     token_budget: int,
     hidden: int,
     static: bool = True,
+    packed: bool = True,
 ) -> np.ndarray:
     """Tokenise, bucket and embed ``texts``; float32 [len(texts), hidden] in their order."""
     token_ids, _ = tokenizer(texts)
     plan = make_batches(token_ids, lengths, token_budget, static=static)
-    return embed_plan(model, backend, plan, len(texts), hidden)
+    return embed_plan(model, backend, plan, len(texts), hidden, packed=packed)

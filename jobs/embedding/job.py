@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import logging
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs import layout, markers
+from jobs.data.reader import read_parquet
 from jobs.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from jobs.embedding.config import LENGTH_CAP, EmbedConfig
 from jobs.embedding.encode import EncodeStats, embed_plan
@@ -172,26 +174,29 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         log.info("shards %s already committed in %s: skipped", skipped, store.url(out_dir))
 
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
-    # Ids of the shards read so far, to refuse ids repeated across this task's shards.
-    seen: list[np.ndarray] = []  # at most one sorted array of all ids
-    shard_ids: list[tuple[int, np.ndarray]] = []
+    # Sorted ids of the shards read so far, to refuse ids repeated across this task's
+    # shards: 8 bytes a row is the only state that grows with the corpus.
+    seen = np.zeros(0, dtype=np.int64)
+    read_so_far: list[int] = []
 
     def prepare(index: int) -> PreparedShard:
+        nonlocal seen
         t0 = time.perf_counter()
         rel = f"{corpus_dir}/{available[index]}"
         ids, texts = read_corpus_shard(store, rel)
-        if seen:
-            common = np.intersect1d(ids, seen[0], assume_unique=True)
+        if len(seen):
+            at = np.searchsorted(seen, ids).clip(max=len(seen) - 1)
+            common = ids[seen[at] == ids]
             if len(common):
-                other = next(i for i, o in shard_ids if np.isin(common[:1], o).any())
+                other = _shard_holding(store, corpus_dir, available, read_so_far, common[0])
                 raise BadInputError(
                     f"corpus shard {store.url(rel)} repeats {len(common)} ids of shard "
-                    f"{available[other]} (e.g. {common[:5].tolist()}): ids must be unique"
+                    f"{other} (e.g. {common[:5].tolist()}): ids must be unique"
                 )
-            seen[0] = np.union1d(seen[0], ids)
-        else:
-            seen.append(np.sort(ids))
-        shard_ids.append((index, ids))
+        merged = np.concatenate([seen, ids])
+        merged.sort()
+        seen = merged
+        read_so_far.append(index)
         token_ids, truncated = tokenizer(texts)
         plan = make_batches(token_ids, lengths, cfg.token_budget, static=cfg.static_batches)
         return PreparedShard(index, ids, plan, truncated, time.perf_counter() - t0)
@@ -238,7 +243,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         for shard in prefetcher:
             t0 = time.perf_counter()
             n = len(shard.ids)
-            vectors = embed_plan(model, backend, shard.plan, n, hidden, stats)
+            vectors = embed_plan(model, backend, shard.plan, n, hidden, stats, cfg.packed)
             seconds = time.perf_counter() - t0
             embed_seconds += seconds
             name = layout.part_name(shard.index)
@@ -266,12 +271,14 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                 name=commit_name(shard.index),
             )
             log.info(
-                "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated)",
+                "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, "
+                "peak RSS %.1f MiB)",
                 shard.index,
                 n,
                 seconds,
                 n / max(seconds, 1e-9),
                 shard.truncated,
+                _peak_rss_mib(),
             )
             done.append(shard.index)
             totals["rows"] += n
@@ -304,10 +311,12 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
         "embed_seconds": round(embed_seconds, 6),
         "wall_seconds": round(wall, 3),
+        "peak_rss_mib": round(_peak_rss_mib(), 1),
         "max_length": max_length,
         "lengths": list(lengths),
         "token_budget": cfg.token_budget,
         "static_batches": cfg.static_batches,
+        "packed": cfg.packed and backend.device.type in ("cpu", "cuda"),
         "shapes": sorted([list(s) for s in stats.shapes]),
         "quantize": cfg.quantize,
         "parity": parity,
@@ -322,6 +331,24 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "output": store.url(out_dir),
         "report": store.url(report_rel),
     }
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak RSS so far: what a memory request must cover. It does not
+    grow with the corpus (shards are streamed), only with the shard size."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _shard_holding(
+    store: ArtifactStore, corpus_dir: str, available: dict[int, str], indices: list[int], id_: int
+) -> str:
+    """Name of the first of ``indices``' corpus shards holding ``id_`` (error path only:
+    re-reads their id columns rather than keeping every shard's ids in memory)."""
+    for i in indices:
+        ids = read_parquet(store, f"{corpus_dir}/{available[i]}").column("id").to_numpy()
+        if (ids == id_).any():
+            return available[i]
+    return "?"
 
 
 def _int8_or_refuse(

@@ -46,7 +46,7 @@ def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[
 
     :raises BadInputError: naming the shard: unreadable, wrong schema (missing columns,
         binary instead of string text, non-integer ids), empty, null ids or texts,
-        duplicate ids.
+        text bytes that are not UTF-8, duplicate ids.
     """
     url = store.url(rel)
     table = read_parquet(store, rel)
@@ -80,6 +80,15 @@ def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[
             raise BadInputError(
                 f"corpus shard {url} has {col.null_count} null {name}s (first at row {first})"
             )
+    try:
+        text_col.validate(full=True)
+    except pa.ArrowInvalid as e:
+        # Parquet does not check that a string column holds UTF-8; Python would fail
+        # later with a bare UnicodeDecodeError.
+        raise BadInputError(
+            f"corpus shard {url} has text that is not valid UTF-8 ({e}): re-encode the "
+            "texts as UTF-8 strings"
+        ) from e
     try:
         ids = ids_col.cast(pa.int64(), safe=True).to_numpy()
     except pa.ArrowInvalid as e:

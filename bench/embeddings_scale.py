@@ -1,0 +1,154 @@
+"""Memory at scale: peak RSS of ``python -m jobs.embed`` for corpora of growing size.
+
+Run on demand, not in CI::
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/embeddings_scale.py [--rows 100000 1000000]
+
+For each size it writes a generated product corpus (``jobs.data.generate``, shards of
+``--shard-rows`` rows) into a fresh ``file://`` store beside a ``tiny`` model version,
+runs the embed job as a child process and reads that child's own peak RSS from
+``os.wait4`` (``ru_maxrss``). The job streams shards, so the peak should not grow with
+the corpus; the only state that does is the sorted id array (8 bytes a row) used to
+refuse ids repeated across shards. Prints a Markdown table and appends it with the
+command, machine and date to ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def write_corpus(root: str, name: str, rows: int, shard_rows: int, seed: int = 0) -> None:
+    """A generated corpus of ``rows`` rows in ``part-NNNNN.parquet`` shards, and a
+    committed ``tiny`` version ``v1`` (random weights) to embed it with."""
+    import pyarrow as pa
+
+    from jobs import layout
+    from jobs.checkpoint import cpu_state_dict
+    from jobs.data.generate import iter_corpus_batches, parquet_bytes
+    from jobs.model import versions
+    from jobs.model.presets import get_spec
+    from jobs.storage import ArtifactStore
+
+    store = ArtifactStore(root)
+    spec = get_spec("tiny")
+    if not store.exists(f"{layout.model_version('tiny', 'v1')}/COMMIT"):
+        versions.publish(store, spec, "v1", cpu_state_dict(versions.build_model(spec, 0)), {})
+    for i, batch in enumerate(iter_corpus_batches(seed, rows, shard_rows)):
+        data = parquet_bytes(pa.Table.from_batches([batch]))
+        store.write_bytes(f"{layout.corpus(name)}/{layout.part_name(i)}", data)
+
+
+def run_embed(root: str, corpus: str, env: dict[str, str] | None = None) -> dict:
+    """Run the embed job on ``corpus`` in a child process; its exit code, wall time,
+    peak RSS (MiB, that child alone) and report."""
+    cmd = [sys.executable, "-m", "jobs.embed"]
+    for s in (
+        f"artifact_root={root}",
+        "model=tiny",
+        "version=v1",
+        f"corpus={corpus}",
+        f"run_id=scale-{corpus}",
+    ):
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    out = proc.stdout.read()  # the job's summary names its report
+    # wait4 gives this child's own rusage (RUSAGE_CHILDREN would mix every child).
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    result = json.loads(out) if proc.returncode == 0 else {}
+    report = {}
+    if result:
+        from jobs import layout
+        from jobs.storage import ArtifactStore
+
+        run_id = f"scale-{corpus}"
+        report = ArtifactStore(root).read_json(layout.report("tiny", run_id, "embed"))
+    return {
+        "returncode": proc.returncode,
+        "wall_s": time.perf_counter() - t0,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux; includes interpreter exit
+        "job_peak_rss_mib": report.get("peak_rss_mib"),  # when the job returned
+        "rows": result.get("rows"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--shard-rows", type=int, default=50_000)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--output", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    rows_out = []
+    with tempfile.TemporaryDirectory(prefix="bench-embed-scale-") as tmp:
+        root = f"file://{tmp}/store"
+        for k, n in enumerate(args.rows):
+            corpus = f"c{k}-{n}"  # a size may repeat (to see the run-to-run noise)
+            print(f"writing {n} rows ...", file=sys.stderr, flush=True)
+            write_corpus(root, corpus, n, args.shard_rows)
+            print(f"embedding {n} rows ...", file=sys.stderr, flush=True)
+            r = run_embed(root, corpus, env)
+            if r["returncode"] != 0 or r["rows"] != n:
+                raise SystemExit(f"embed of {n} rows failed: {r}")
+            rows_out.append((n, r))
+    base = rows_out[0][1]["job_peak_rss_mib"]
+    lines = [
+        "| corpus rows | shards | job peak RSS MiB | vs first | process peak RSS MiB | wall s | rows/s (wall) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, r in rows_out:
+        lines.append(
+            f"| {n:,} | {-(-n // args.shard_rows)} | {r['job_peak_rss_mib']:.1f} | "
+            f"{r['job_peak_rss_mib'] - base:+.1f} | {r['peak_rss_mib']:.1f} | "
+            f"{r['wall_s']:.0f} | {n / r['wall_s']:.0f} |"
+        )
+    sizes = " ".join(str(n) for n in args.rows)
+    cmd = (
+        f"OMP_NUM_THREADS={args.threads} .venv/bin/python bench/embeddings_scale.py "
+        f"--rows {sizes} --shard-rows {args.shard_rows}"
+    )
+    text = "\n".join(
+        [
+            f"## Embeddings at scale: peak RSS vs corpus size ({dt.date.today().isoformat()})",
+            "",
+            f"- Command: `{cmd}`",
+            f"- Model `tiny`, generated product corpus, shards of {args.shard_rows:,} rows; "
+            "each size embedded by its own `python -m jobs.embed` process. Job peak RSS: "
+            "`ru_maxrss` when the job returns (its report's `peak_rss_mib`); process peak "
+            "RSS: `os.wait4` of that process, which also counts interpreter exit",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    print(text)
+    if not args.no_append:
+        with Path(args.output).open("a") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
