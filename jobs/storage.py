@@ -188,7 +188,19 @@ class ArtifactStore:
     # -- paths ---------------------------------------------------------------------
 
     def path(self, rel: str) -> str:
-        """The filesystem path (no scheme) of ``rel`` under the root."""
+        """The filesystem path (no scheme) of ``rel`` under the root.
+
+        ``rel`` may also be a full URL under the root (what reports record); a URL
+        anywhere else (another root, a store copied from elsewhere) is refused rather
+        than glued under this root as a path that can never exist.
+        """
+        if "://" in rel:
+            if rel == self.root or rel.startswith(f"{self.root}/"):
+                rel = rel[len(self.root) :]
+            else:
+                raise BadInputError(
+                    f"artifact path {rel!r} is a URL outside the artifact root {self.root}"
+                )
         rel = rel.strip("/")
         parts = rel.split("/") if rel else []
         if any(p in ("..", ".") for p in parts):

@@ -338,3 +338,14 @@ def test_store_gives_up_with_a_transient_error(s3_endpoint, monkeypatch):
             store.read_bytes("a/blob")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     assert not ArtifactStore("s3://storage-gives-up/p").exists("a/blob")
+
+
+def test_a_url_under_the_root_is_a_path_and_any_other_url_is_refused(store):
+    store.write_bytes("reports/eval.parquet", b"rows")
+    assert store.read_bytes(store.url("reports/eval.parquet")) == b"rows"
+    assert store.path(store.root) == store.path("")
+    elsewhere = "file:///some/other/root/reports/eval.parquet"
+    with pytest.raises(BadInputError, match="URL outside the artifact root"):
+        store.read_bytes(elsewhere)
+    with pytest.raises(BadInputError, match="URL outside the artifact root"):
+        store.exists(f"{store.root}-copy/reports/eval.parquet")
