@@ -166,6 +166,10 @@ class EvaluateConfig(JobConfig):
     batch_size: int = Field(default=64, ge=1)
     report_name: str = "eval"
     """Report file name under the run's reports/ (``eval`` -> ``eval.json``)."""
+    recall_pool: int | None = Field(default=100, gt=10)
+    """recall@10 per query among its relevant products plus a fixed, seeded sample of
+    negatives, this many in all (:func:`jobs.evaluate.recall_pools`; why 100: docs/GATE.md).
+    None: among all eval products."""
 
     @field_validator("dataset", "version", "report_name")
     @classmethod
