@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,15 @@ BATCH = 32
 VARIANTS = (("1 x 1 thread", 1, 1), ("1 x 2 threads", 1, 2), ("2 x 1 thread (gloo)", 2, 1))
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 now. Not ``--master-port 0``: torchrun 2.9.1 then hands
+    ``MASTER_PORT=0`` to its workers (with ``TORCHELASTIC_USE_AGENT_STORE=True``) and
+    both ranks wait forever in ``init_process_group`` (seen here)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def train_command(procs: int) -> list[str]:
     if procs == 1:
         return [sys.executable, "-m", "jobs.train"]
@@ -66,7 +76,7 @@ def train_command(procs: int) -> list[str]:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        "0",
+        str(free_port()),
         "-m",
         "jobs.train",
     ]

@@ -175,6 +175,43 @@ def profile_steps(trainer: Trainer, steps: int, top: int = 12) -> tuple[list[lis
     return rows, matmul / total
 
 
+#: AdamW implementations probed (keyword arguments of torch.optim.AdamW).
+ADAMW = {
+    "for-loop": {"foreach": False},  # what the train job gets on CPU by default
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
+
+
+def adamw_probe(model_name: str, rounds: int, steps: int = 5) -> dict[str, float]:
+    """Milliseconds per AdamW step on the model's parameters (random gradients) for each
+    implementation in :data:`ADAMW`, interleaved, medians: the optimizer's share of a
+    training step is memory-bound elementwise work, and on CPU torch picks the per-tensor
+    for-loop unless told otherwise."""
+    import torch
+
+    from jobs.model import versions
+    from jobs.model.presets import get_spec
+
+    def probe(kwargs: dict[str, bool]) -> Callable[[], float]:
+        model = versions.build_model(get_spec(model_name), 0)
+        for param in model.parameters():
+            param.grad = torch.randn_like(param)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **kwargs)
+        optimizer.step()  # state initialised outside the timing
+
+        def run() -> float:
+            started = time.perf_counter()
+            for _ in range(steps):
+                optimizer.step()
+            return (time.perf_counter() - started) / steps * 1000
+
+        return run
+
+    measured = interleaved({k: probe(v) for k, v in ADAMW.items()}, rounds)
+    return {k: median(v) for k, v in measured.items()}
+
+
 def bench_model(
     model_name: str, root: str, variants: list[str], rounds: int, profile_top: int
 ) -> dict[str, Any]:
@@ -215,6 +252,7 @@ def bench_model(
         "peaks": [round(x, 1) for x in peaks],
     }
     out["profile"], out["matmul_share"] = profile_steps(eager, chunk, profile_top)
+    out["adamw_ms"] = adamw_probe(model_name, rounds)
     return out
 
 
@@ -322,6 +360,16 @@ def main() -> None:
             f"over {r['chunk']} steps; matmul ops {r['matmul_share']:.0%} of it):"
         )
         body.append(table(["op", "ms/step", "share", "calls/step"], r["profile"]))
+    adamw_rows = [
+        [name, *(f"{r['adamw_ms'][k]:.1f}" for k in ADAMW), f"{r['step_s']['eager'] * 1000:.0f}"]
+        for name, r in results.items()
+    ]
+    body.append(
+        "AdamW alone, ms per optimizer step on the model's parameters (random gradients; "
+        "interleaved, medians), next to the whole eager training step. The train job's "
+        "`torch.optim.AdamW(...)` without `foreach`/`fused` runs the for-loop on CPU:"
+    )
+    body.append(table(["config", *(f"AdamW {k} ms" for k in ADAMW), "eager step ms"], adamw_rows))
     publish(
         section("Training throughput and utilisation (CPU)", bullets, body),
         None if args.no_append else BENCHMARKS,
