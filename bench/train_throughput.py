@@ -22,7 +22,8 @@ the median over rounds, and the compiled/eager ratio comes from that same run.
 Utilisation: the FLOPs of one training step are counted by
 ``torch.utils.flop_counter.FlopCounterMode`` (measured: matmuls and attention forward
 and backward; with dropout > 0 CPU attention takes SDPA's math path, i.e. bmm, which
-is counted), divided by the median step time, over the median GFLOP/s of a 2048 x 2048
+is counted; with dropout 0 it takes the CPU flash kernel, which torch 2.9.1's counter
+skips (0 FLOPs), so keep the config's dropout here), divided by the median step time, over the median GFLOP/s of a 2048 x 2048
 fp32 matmul measured in the same process with the same thread count. A
 ``torch.profiler`` table of the top ops (self CPU time per step) shows where the time
 goes when the utilisation target (40% for minilm) is missed.
