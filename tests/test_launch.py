@@ -45,3 +45,46 @@ def test_success_exits_0(tmp_path: Path) -> None:
 def test_a_worker_killed_by_a_signal_exits_128_plus_signal(tmp_path: Path) -> None:
     proc = launch(tmp_path, "kill")
     assert proc.returncode == 128 + 9, proc.stderr[-2000:]
+
+
+SLEEPER = """
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_killing_the_local_runner_ends_every_torchrun_worker(tmp_path: Path) -> None:
+    """torchrun puts each worker in a session of its own: on_kill must still reach them."""
+    import logging
+    import threading
+    import time
+
+    import psutil
+
+    from operators.runners import LocalRunner
+
+    worker = tmp_path / "sleeper.py"
+    worker.write_text(SLEEPER)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    # No grace: the launcher is SIGKILLed before it can forward SIGTERM to its workers.
+    runner = LocalRunner(kill_grace_s=0)
+    argv = [sys.executable, "-m", "jobs.launch", "--standalone", "--nproc-per-node", "2"]
+    thread = threading.Thread(
+        target=runner.run_command,
+        args=([*argv, str(worker), str(pids)], job_env(), logging.getLogger("test")),
+    )
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(workers) == 2
+    assert all(psutil.pid_exists(pid) for pid in workers)
+    runner.kill()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    time.sleep(0.5)
+    alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert alive == []

@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import psutil
+
 from operators.job_spec import JobSpec
 from operators.runners.base import JobResult
 
@@ -100,25 +102,43 @@ class LocalRunner:
         )
 
     def kill(self) -> None:
-        """SIGTERM the job's process group, then SIGKILL it after ``kill_grace_s``."""
+        """SIGTERM the job's process tree, then SIGKILL it after ``kill_grace_s``.
+
+        The tree, not only the process group: torchrun (:mod:`jobs.launch`) starts each
+        worker in a session of its own, so signalling the group alone would leave the
+        workers training.
+        """
         proc = self._proc
         if proc is None or not self._running:
             return  # nothing started, or run() already returned: the group is not ours
         pgid = proc.pid  # start_new_session: the job leads its own process group
+        tree = _descendants(proc.pid)
         if proc.poll() is None:
-            _signal_group(pgid, signal.SIGTERM)
+            _signal_tree(pgid, tree, signal.SIGTERM)
             deadline = time.monotonic() + self.kill_grace_s
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
         # Also reaches children that outlived the leader (torchrun workers, loaders).
-        _signal_group(pgid, signal.SIGKILL)
+        _signal_tree(pgid, tree + _descendants(proc.pid), signal.SIGKILL)
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_tree(pgid: int, tree: list[psutil.Process], sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for child in tree:
+        try:
+            child.send_signal(sig)  # psutil checks the pid still names the same process
+        except psutil.Error:
+            pass
 
 
 def _lines(proc: subprocess.Popen[bytes]) -> Iterator[tuple[str, str]]:
