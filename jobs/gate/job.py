@@ -2,7 +2,8 @@
 
 Reads the candidate's per-example eval outcomes, evaluates the reference on the same
 held-out examples (the production version, or the baseline before the first
-promotion), decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
+promotion) with the candidate's recall@10 pool definition, refuses to compare reports
+whose pool definitions differ, decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
 (:mod:`jobs.gate.decision`) and writes ``reports/gate.json`` with an SVG of the
 intervals against the tolerance band. Anything but PASS exits with code 3; the
 registry is not touched here (:mod:`jobs.promote` moves it, only after a PASS).
@@ -89,6 +90,14 @@ def _pair_id(query_ids: np.ndarray, product_ids: np.ndarray) -> np.ndarray:
         )
 
 
+def pool_definition(report: dict[str, Any]) -> dict[str, Any]:
+    """The recall@10 pool definition an eval report was made with (reports written
+    before ``recall_pool`` ranked among all products)."""
+    from jobs.evaluate import ALL_PRODUCTS
+
+    return report.get("recall_pool") or dict(ALL_PRODUCTS)
+
+
 def _eval_report(store: ArtifactStore, cfg: GateConfig, name: str) -> dict[str, Any] | None:
     rel = layout.report(cfg.model, cfg.run_id, name)
     return store.read_json(rel) if store.exists(rel) else None
@@ -138,11 +147,21 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
                 version=ref_version,
                 batch_size=cfg.batch_size,
                 report_name=REFERENCE_REPORT,
+                recall_pool=pool_definition(candidate)["size"],
             )
         )
         reference = _eval_report(store, cfg, REFERENCE_REPORT)
     if reference.get("dataset") != candidate.get("dataset"):
         raise BadInputError("candidate and reference were evaluated on different data sets")
+    cand_pool, ref_pool = pool_definition(candidate), pool_definition(reference)
+    if cand_pool != ref_pool:
+        raise BadInputError(
+            f"recall@10 pools differ: the candidate's eval report used {cand_pool}, the "
+            f"reference's ({REFERENCE_REPORT}.json, version {ref_version}) {ref_pool}; their "
+            "per-query outcomes are not paired. Evaluate the candidate again with the "
+            f"reference's recall_pool, or remove {REFERENCE_REPORT}.json so the gate "
+            "evaluates the reference with the candidate's"
+        )
 
     result: GateResult = gate(
         load_outcomes(store, candidate),
@@ -176,6 +195,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         "production_at_decision": production,
         "n_examples": candidate["n_examples"],
         "n_queries": candidate["n_queries"],
+        "recall_pool": cand_pool,
         "curve": [{"step": "final", **result.to_dict()}],
         "plot": store.url(svg_rel),
         "wall_seconds": round(time.perf_counter() - started, 3),
