@@ -170,6 +170,10 @@ def make_optimizer(
     scale = cfg.incremental_lr_scale if incremental else 1.0
     encoder_lr = (cfg.learning_rate or spec.encoder_learning_rate) * scale
     head_lr = (cfg.learning_rate or spec.head_learning_rate) * scale
+    # Not fused=True, though it is 2.8x (tiny) and 6.7x (minilm) faster per CPU optimizer
+    # step (docs/BENCHMARKS.md): a checkpoint of a fused-AdamW cpu run then fails to resume
+    # on xla ("mutating a non-functional tensor with a functional tensor", torch-xla 2.9;
+    # tests/test_xla_backend.py), and the interchange matters more than ~10% of a step.
     return torch.optim.AdamW(
         [
             {"params": model.encoder.parameters(), "lr": encoder_lr},

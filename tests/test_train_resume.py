@@ -101,7 +101,8 @@ def reference(root: str) -> str:
     return weights_sha(root, "uninterrupted")
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# Random kill points at scale (20 SIGKILLs over 5 runs): tests/reliability/test_sigkill_resume.py.
+@pytest.mark.parametrize("seed", [1])
 def test_sigkill_at_random_step_then_resume_is_bit_exact(root, reference, seed):
     kill_at = random.Random(seed).randint(8, 55)
     run_id = f"killed-{seed}"
