@@ -19,6 +19,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SHARD_PEAK = re.compile(r"shard \d+ committed: .*peak RSS ([\d.]+) MiB")
 sys.path.insert(0, str(ROOT))
 
 
@@ -63,14 +65,16 @@ def run_embed(root: str, corpus: str, env: dict[str, str] | None = None) -> dict
     ):
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log)
     out = proc.stdout.read()  # the job's summary names its report
     # wait4 gives this child's own rusage (RUSAGE_CHILDREN would mix every child).
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     proc.stdout.close()
+    log.seek(0)
+    shard_peaks = [float(m) for m in SHARD_PEAK.findall(log.read())]
+    log.close()
     result = json.loads(out) if proc.returncode == 0 else {}
     report = {}
     if result:
@@ -85,6 +89,7 @@ def run_embed(root: str, corpus: str, env: dict[str, str] | None = None) -> dict
         "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux; includes interpreter exit
         "job_peak_rss_mib": report.get("peak_rss_mib"),  # when the job returned
         "rows": result.get("rows"),
+        "shard_peaks_mib": shard_peaks,  # peak so far after each committed shard
     }
 
 
@@ -141,6 +146,10 @@ def main() -> None:
             "RSS: `os.wait4` of that process, which also counts interpreter exit",
             "",
             *lines,
+            "",
+            "Peak RSS so far after each shard (MiB, from the job's log):",
+            "",
+            *(f"- {n:,} rows: {r['shard_peaks_mib']}" for n, r in rows_out),
             "",
         ]
     )
