@@ -11,7 +11,10 @@ output of those. ``_MANIFEST.json`` is written by the verifier once every shard 
 
 A background thread reads, validates and tokenises the next shard(s) while the current
 one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
-a fixed set of padded lengths under a token budget (:mod:`jobs.embedding.bucketing`).
+a fixed set of padded lengths under a token budget (:mod:`jobs.embedding.bucketing`);
+on CPU/CUDA the batches run unpadded through oneDNN (:mod:`jobs.embedding.packed`).
+Memory is bounded by the shard size (at most three shards in flight), never by the
+corpus: each commit logs the peak RSS so far, and the report carries ``peak_rss_mib``.
 Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
 """
 
