@@ -294,6 +294,7 @@ class EvalPoints:
                 "n_examples": len(self.data.examples),
                 "n_queries": len(self.data.query_ids),
                 "n_products": len(self.data.product_ids),
+                "recall_pool": self.data.recall_pool,
                 "outcomes": outcomes,
                 "wall_seconds": round(seconds, 3),
                 **self.backend.metadata(),
