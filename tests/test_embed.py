@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, job_env, run_job
 
 from jobs import cli, layout
 from jobs.checkpoint import cpu_state_dict
@@ -28,6 +27,7 @@ from jobs.model import versions
 from jobs.model.presets import get_spec
 from jobs.model.tokenizer import TextTokenizer
 from jobs.storage import ArtifactStore
+from tests.conftest import ROOT, job_env, run_job
 
 OUT = "embeddings/tiny/v1/{corpus}"
 

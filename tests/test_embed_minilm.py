@@ -16,7 +16,6 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from conftest import run_job
 
 from jobs import layout
 from jobs.checkpoint import cpu_state_dict
@@ -24,6 +23,7 @@ from jobs.data.reader import read_parquet
 from jobs.model import versions
 from jobs.model.presets import get_spec, minilm_dir
 from jobs.storage import ArtifactStore
+from tests.conftest import run_job
 
 MAX_LENGTH = 256  # the shipped model's max_seq_length
 MIN_COSINE = 0.99999

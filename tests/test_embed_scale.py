@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 
-from conftest import run_job
-
 from jobs import layout
 from jobs.checkpoint import cpu_state_dict
 from jobs.data.generate import iter_corpus_batches, parquet_bytes
 from jobs.model import versions
 from jobs.model.presets import get_spec
 from jobs.storage import ArtifactStore
+from tests.conftest import run_job
 
 SHARD_ROWS = 1_000
 PEAK = re.compile(r"shard \d+ committed: .*peak RSS ([\d.]+) MiB")

@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_job
 
 from jobs import cli, layout, markers
 from jobs.checkpoint import cpu_state_dict
@@ -27,6 +26,7 @@ from jobs.embedding.job import embed
 from jobs.model import versions
 from jobs.model.presets import get_spec
 from jobs.storage import ArtifactStore
+from tests.conftest import run_job
 
 MIN_COSINE = 0.99999
 # Mixed lengths, languages and one far over both max lengths (truncation must match).
