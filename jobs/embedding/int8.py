@@ -75,7 +75,7 @@ def parity_gate(
 ) -> tuple[GateResult, dict[str, Any]]:
     """Recall@10 on the eval split of ``dataset``, int8 against fp32, in parity mode."""
     from jobs.data.reader import read_eval
-    from jobs.evaluate import _retrieval_sets, recall_at_k
+    from jobs.evaluate import DEFAULT_RECALL_POOL, _retrieval_sets, recall_at_k, recall_pools
 
     examples = read_eval(store, dataset)
     query_ids, query_texts, _, product_texts, relevant = _retrieval_sets(examples)
@@ -84,12 +84,18 @@ def parity_gate(
             f"eval split of {dataset!r} has no relevant (label 1) pairs: "
             "the int8 parity gate needs recall@10"
         )
+    # The evaluation's own recall@10 definition: over a fixed candidate pool per query
+    # (docs/GATE.md), where more queries narrow the interval; all products if too few.
+    pool = DEFAULT_RECALL_POOL
+    pools = None
+    if pool is not None and pool < len(product_texts):
+        pools = recall_pools(query_ids, relevant, len(product_texts), pool)
     hidden = fp32.spec.encoder.hidden_size
     recalls = {}
     for name, model in (("fp32", fp32), ("int8", int8)):
         q = embed_texts(model, backend, tokenizer, query_texts, lengths, token_budget, hidden)
         p = embed_texts(model, backend, tokenizer, product_texts, lengths, token_budget, hidden)
-        recalls[name] = recall_at_k(q, p, relevant)
+        recalls[name] = recall_at_k(q, p, relevant, pools=pools)
     result = gate(
         {PARITY_METRIC: recalls["int8"], "query_id": query_ids},
         {PARITY_METRIC: recalls["fp32"], "query_id": query_ids},
@@ -104,6 +110,7 @@ def parity_gate(
         "recall_at_10_int8": round(float(np.mean(recalls["int8"])), 6),
         "n_queries": len(query_ids),
         "n_products": len(product_texts),
+        "recall_pool": pool if pools is not None else None,
         "dataset": dataset,
         "gate": result.to_dict(),
     }
