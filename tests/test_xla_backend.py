@@ -181,3 +181,37 @@ def test_neuron_backend_refuses_another_pjrt_device(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     with pytest.raises(BadInputError, match="PJRT_DEVICE=NEURON"):
         get_backend("neuron")
+
+
+def test_embed_on_xla_matches_cpu_with_one_compile_per_static_shape(
+    root: str, reference: str, tmp_path: Path
+) -> None:
+    """The embed job on xla: the same ids and vectors as on cpu, graphs bounded by shapes."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    cpu_copy = tmp_path / "cpu"
+    shutil.copytree(root.removeprefix("file://"), cpu_copy)
+    vectors = {}
+    for backend, store_root, env in (
+        ("xla", root, XLA_ENV),
+        ("cpu", f"file://{cpu_copy}", {}),
+    ):
+        sets = ("version=xla-ref", "corpus=products", f"backend={backend}", "run_id=emb")
+        result = run_job("embed", f"artifact_root={store_root}", *sets, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        out = Path(store_root.removeprefix("file://")) / "embeddings/tiny/xla-ref/products"
+        table = pq.read_table(sorted(out.glob("part-*.parquet")))
+        vectors[backend] = dict(
+            zip(table["id"].to_pylist(), np.array(table["embedding"].to_pylist()), strict=True)
+        )
+        if backend == "xla":
+            emb = report(store_root, "emb", "embed")
+    assert vectors["xla"].keys() == vectors["cpu"].keys()
+    assert len(vectors["xla"]) == 600
+    ids = sorted(vectors["xla"])
+    a = np.stack([vectors["xla"][i] for i in ids])
+    b = np.stack([vectors["cpu"][i] for i in ids])
+    assert float(np.min(np.sum(a * b, axis=1))) >= 0.99999
+    assert emb["backend"] == "xla" and emb["packed"] is False
+    assert 0 < emb["compiles"] <= len(emb["shapes"]), emb

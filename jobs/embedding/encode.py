@@ -52,7 +52,7 @@ def embed_plan(
         forward = model.embed
 
     vectors = np.zeros((rows, hidden), dtype=np.float32)
-    with torch.inference_mode():
+    with backend.inference():  # no_grad on XLA: inference tensors break its graphs
         for batch in plan.batches:
             dev = backend.to_device(
                 {
@@ -62,9 +62,11 @@ def embed_plan(
             )
             with backend.autocast():
                 out = forward(dev["ids"], dev["mask"])
+            # Normalise the whole static batch, then drop the padding rows on the host: a
+            # slice to ``batch.real`` on the device would be one more XLA graph per count.
+            out = F.normalize(out.float(), p=2, dim=1)
             backend.mark_step()
-            out = F.normalize(out[: batch.real].float(), p=2, dim=1)
-            vectors[batch.index] = out.to("cpu").numpy()
+            vectors[batch.index] = out.to("cpu").numpy()[: batch.real]
             if stats is not None:
                 stats.shapes.add(tuple(batch.input_ids.shape))
     return vectors

@@ -321,6 +321,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "static_batches": cfg.static_batches,
         "packed": cfg.packed and backend.device.type in ("cpu", "cuda"),
         "shapes": sorted([list(s) for s in stats.shapes]),
+        # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
+        "compiles": backend.compiles(),
         "quantize": cfg.quantize,
         "parity": parity,
         **backend.metadata(),
