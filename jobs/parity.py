@@ -30,7 +30,7 @@ from jobs.cli import main_for
 from jobs.config import ParityConfig, TrainConfig
 from jobs.exit_codes import BadInputError, ExitCode, GateRefusedError, TransientError
 from jobs.gate.decision import CurveResult, gate_curve
-from jobs.gate.job import load_outcomes
+from jobs.gate.job import load_outcomes, publish_decision
 from jobs.gate.plot import curve_svg
 from jobs.storage import ArtifactStore
 from jobs.train import eval_step_report
@@ -110,44 +110,42 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
         cfg.confidence,
         cfg.gate_seed,
     )
-    base = layout.reports(cfg.model, cfg.run_id)
-    svg_rel = f"{base}/gate.svg"
-    store.write_bytes(svg_rel, curve_svg(curve).encode())
-    report = {
-        **curve.to_dict(),
-        "model": cfg.model,
-        "run_id": cfg.run_id,
-        "init_version": cfg.init_version,
-        "eval_every": cfg.eval_every,
-        "steps": common,
-        "candidate": _side(sides["b"]),
-        "reference": _side(sides["a"]),
-        "curve": [
-            {
-                "step": p.step,
-                "verdict": str(p.result.verdict),
-                "max_abs_d": max(
-                    (abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap), default=None
-                ),
-                "d": {m.metric: m.bootstrap.d for m in p.result.metrics if m.bootstrap},
-            }
-            for p in curve.points
-        ],
-        "plot": store.url(svg_rel),
-        "wall_seconds": round(time.perf_counter() - started, 3),
-    }
-    report_rel = layout.report(cfg.model, cfg.run_id, "gate")
-    store.write_json(report_rel, report)
+    report_url = publish_decision(
+        store,
+        cfg.model,
+        cfg.run_id,
+        curve_svg(curve),
+        curve.to_dict(),
+        {
+            "init_version": cfg.init_version,
+            "eval_every": cfg.eval_every,
+            "steps": common,
+            "candidate": _side(sides["b"]),
+            "reference": _side(sides["a"]),
+            "curve": [
+                {
+                    "step": p.step,
+                    "verdict": str(p.result.verdict),
+                    "max_abs_d": max(
+                        (abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap), default=None
+                    ),
+                    "d": {m.metric: m.bootstrap.d for m in p.result.metrics if m.bootstrap},
+                }
+                for p in curve.points
+            ],
+        },
+        started,
+    )
     log.info("parity %s: %s", curve.verdict, curve.reason)
     if curve.verdict != "PASS":
         raise GateRefusedError(
-            f"{curve.reason} ({cfg.backend_b} vs {cfg.backend_a}; report {store.url(report_rel)})"
+            f"{curve.reason} ({cfg.backend_b} vs {cfg.backend_a}; report {report_url})"
         )
     return {
         "verdict": str(curve.verdict),
         "reason": curve.reason,
         "max_abs_d": curve.max_abs_d,
-        "report": store.url(report_rel),
+        "report": report_url,
     }
 
 

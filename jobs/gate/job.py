@@ -103,6 +103,40 @@ def _eval_report(store: ArtifactStore, cfg: GateConfig, name: str) -> dict[str, 
     return store.read_json(rel) if store.exists(rel) else None
 
 
+def publish_decision(
+    store: ArtifactStore,
+    model: str,
+    run_id: str,
+    svg: str,
+    decision: dict[str, Any],
+    details: dict[str, Any],
+    started: float,
+) -> str:
+    """Write a gate decision's plot and ``reports/gate.json``; return the report's URL.
+
+    Shared by the quality gate and the backend parity job, so every decision carries the
+    same identification (model, run, DAG, time) that the web UI lists and links.
+    """
+    base = layout.reports(model, run_id)
+    svg_rel = f"{base}/gate.svg"
+    store.write_bytes(svg_rel, svg.encode())
+    report = {
+        **decision,
+        "model": model,
+        "run_id": run_id,
+        # Set by Airflow's task runner in the environment the local runner passes on:
+        # lets the web UI link the decision to its DAG run.
+        "dag_id": os.environ.get("AIRFLOW_CTX_DAG_ID"),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **details,
+        "plot": store.url(svg_rel),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+    }
+    report_rel = layout.report(model, run_id, "gate")
+    store.write_json(report_rel, report)
+    return store.url(report_rel)
+
+
 def run_gate(cfg: GateConfig) -> dict[str, Any]:
     """Gate the run's candidate against its reference; exit 3 unless PASS."""
     from jobs.evaluate import evaluate
@@ -173,44 +207,38 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         cfg.confidence,
         cfg.seed,
     )
-    base = layout.reports(cfg.model, cfg.run_id)
-    svg_rel = f"{base}/gate.svg"
-    store.write_bytes(svg_rel, intervals_svg(result).encode())
-    report = {
-        **result.to_dict(),
-        "model": cfg.model,
-        "run_id": cfg.run_id,
-        # Set by Airflow's task runner in the environment the local runner passes on:
-        # lets the web UI link the decision to its DAG run.
-        "dag_id": os.environ.get("AIRFLOW_CTX_DAG_ID"),
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
-        "reference": {
-            "version": ref_version,
-            "source": source,
-            "metrics": reference["metrics"],
+    report_url = publish_decision(
+        store,
+        cfg.model,
+        cfg.run_id,
+        intervals_svg(result),
+        result.to_dict(),
+        {
+            "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
+            "reference": {
+                "version": ref_version,
+                "source": source,
+                "metrics": reference["metrics"],
+            },
+            # The production version this decision was made against: promotion is a
+            # compare-and-swap on it, so a decision against a stale production cannot win.
+            "production_at_decision": production,
+            "n_examples": candidate["n_examples"],
+            "n_queries": candidate["n_queries"],
+            "recall_pool": cand_pool,
+            "curve": [{"step": "final", **result.to_dict()}],
         },
-        # The production version this decision was made against: promotion is a
-        # compare-and-swap on it, so a decision against a stale production cannot win.
-        "production_at_decision": production,
-        "n_examples": candidate["n_examples"],
-        "n_queries": candidate["n_queries"],
-        "recall_pool": cand_pool,
-        "curve": [{"step": "final", **result.to_dict()}],
-        "plot": store.url(svg_rel),
-        "wall_seconds": round(time.perf_counter() - started, 3),
-    }
-    report_rel = layout.report(cfg.model, cfg.run_id, "gate")
-    store.write_json(report_rel, report)
+        started,
+    )
     log.info("gate %s: %s", result.verdict, result.reason)
     if not result.passed:
         raise GateRefusedError(
             f"{result.reason} (candidate {cfg.candidate_version} vs "
-            f"{source} {ref_version}; report {store.url(report_rel)})"
+            f"{source} {ref_version}; report {report_url})"
         )
     return {
         "verdict": str(result.verdict),
         "reason": result.reason,
         "reference": ref_version,
-        "report": store.url(report_rel),
+        "report": report_url,
     }
