@@ -12,10 +12,13 @@ COPY --chown=airflow:root requirements.txt /opt/embedfresh/requirements.txt
 RUN pip install --no-cache-dir -r /opt/embedfresh/requirements.txt
 
 COPY --chown=airflow:root . /opt/embedfresh
-RUN pip install --no-cache-dir --no-deps -e /opt/embedfresh
+# Installed, not editable: one top-level package, embedfresh (its operators, plugins and
+# jobs); the plugin registers itself through the package's airflow.plugins entry point.
+RUN pip install --no-cache-dir --no-deps /opt/embedfresh
 
 ENV HF_HUB_OFFLINE=1 \
-    PYTHONPATH=/opt/embedfresh \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/embedfresh/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/embedfresh/plugins
-WORKDIR /opt/embedfresh
+# Not the source folder: from there, its embedfresh/ folder would shadow the installed
+# package (which also holds embedfresh.operators and embedfresh.plugins).
+WORKDIR /opt/airflow

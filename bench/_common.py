@@ -56,10 +56,10 @@ def generate_data(
     shard_rows: int = 64,
 ) -> None:
     """One day of the generated ``products`` data set (train partition, eval split and
-    corpus) under the artifact root ``root``, as ``python -m jobs.generate_data`` writes
+    corpus) under the artifact root ``root``, as ``python -m embedfresh.jobs.generate_data`` writes
     it."""
-    from jobs.data.generate import write_dataset  # noqa: PLC0415
-    from jobs.storage import ArtifactStore  # noqa: PLC0415
+    from embedfresh.core.storage import ArtifactStore  # noqa: PLC0415
+    from embedfresh.ml.data.generate import write_dataset  # noqa: PLC0415
 
     write_dataset(
         ArtifactStore(root),

@@ -1,12 +1,12 @@
 """torch.compile vs eager training on cpu, through the real jobs: what ``compile=auto``
-picks (:data:`jobs.compile.modes.COMPILE_DEFAULTS`).
+picks (:data:`embedfresh.ml.compile.modes.COMPILE_DEFAULTS`).
 
 Run on demand, not in CI::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/compile.py [--models tiny minilm] [--steps 30]
 
 For each model config, one after the other on the same generated data, each in its own
-process (``python -m jobs.<name>``): ``eager`` (``train compile=off``), ``cold`` (the
+process (``python -m embedfresh.jobs.<name>``): ``eager`` (``train compile=off``), ``cold`` (the
 compile job: a trial with an empty inductor directory) and ``warm`` (``train compile=on``
 in a fresh process with a fresh inductor directory, restoring the compile job's cache
 entry). Steady steps/s excludes the first step: (steps - 1) / (loop seconds - seconds to
@@ -35,7 +35,7 @@ DAY = dt.date(2026, 1, 1)
 
 
 def run(name: str, sets: list[str], env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", f"jobs.{name}"]
+    cmd = [sys.executable, "-m", f"embedfresh.jobs.{name}"]
     for s in sets:
         cmd += ["--set", s]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -51,8 +51,8 @@ def steady_steps_per_second(report: dict[str, Any]) -> float:
 
 
 def bench_model(root: str, model: str, steps: int, tmp: Path, env: dict[str, str]) -> dict:
-    from jobs import layout
-    from jobs.storage import ArtifactStore
+    from embedfresh.core import layout
+    from embedfresh.core.storage import ArtifactStore
 
     store = ArtifactStore(root)
     train = [f"artifact_root={root}", f"model={model}", f"data_interval_start={DAY}"]
@@ -105,8 +105,8 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true", help="print only")
     args = parser.parse_args()
 
-    from jobs.data.generate import write_dataset
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.data.generate import write_dataset
 
     started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}

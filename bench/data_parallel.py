@@ -6,7 +6,7 @@ Run on demand, not in CI::
     .venv/bin/python bench/data_parallel.py [--models tiny] [--steps 60] [--rounds 3]
         [--no-append]
 
-Each variant is the real job, ``python -m jobs.train`` with ``max_steps``, no checkpoint
+Each variant is the real job, ``python -m embedfresh.jobs.train`` with ``max_steps``, no checkpoint
 and no evaluation inside the timed steps; samples/s is the train report's
 ``samples_per_second`` (steps x batch per rank x ranks over the loop's wall time; the
 first step is included, so ``--steps`` keeps it small). The variants, interleaved round
@@ -66,7 +66,7 @@ def free_port() -> int:
 
 def train_command(procs: int) -> list[str]:
     if procs == 1:
-        return [sys.executable, "-m", "jobs.train"]
+        return [sys.executable, "-m", "embedfresh.jobs.train"]
     return [
         sys.executable,
         "-m",
@@ -78,7 +78,7 @@ def train_command(procs: int) -> list[str]:
         "--master-port",
         str(free_port()),
         "-m",
-        "jobs.train",
+        "embedfresh.jobs.train",
     ]
 
 
@@ -180,7 +180,7 @@ def main() -> None:
         f"Command: `{command_line()}`",
         f"Machine: {machine()}",
         f"Date: {dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}; {NOISY}",
-        f"Each run: the real `python -m jobs.train` (max_steps {args.steps}, no checkpoint, "
+        f"Each run: the real `python -m embedfresh.jobs.train` (max_steps {args.steps}, no checkpoint, "
         "no evaluation), samples/s from its train report (first step included); 2 "
         "processes through `torchrun --nproc-per-node 2` (gloo, DDP); variants interleaved, "
         f"{args.rounds} rounds, medians",

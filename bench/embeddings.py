@@ -9,13 +9,13 @@ thread count (so each peak RSS is that variant's own): ``st`` (the shipped
 all-MiniLM-L6-v2 through sentence-transformers, batch size swept over 32/64/128 on a
 subset in the first round, the best one timed on all texts), ``ours-fp32`` and
 ``ours-int8`` (length bucketing + the unpadded oneDNN forward of
-:mod:`jobs.embedding.packed`, as the embed job runs it, in memory, no store) and
+:mod:`embedfresh.ml.embedding.packed`, as the embed job runs it, in memory, no store) and
 ``ours-fp32-padded`` (the same buckets through the padded ``model.embed``: what packing
 and oneDNN add). Both sides truncate at 256 tokens (the shipped model's
 ``max_seq_length``). The variants are interleaved: each round runs every variant once
 (one untimed warm-up batch, then one timed pass over all texts), so load from other
 work on a shared machine hits all of them alike; the median over rounds is reported. A last subprocess
-runs the int8 parity gate (:func:`jobs.embedding.int8.parity_gate`) on a generated eval
+runs the int8 parity gate (:func:`embedfresh.ml.embedding.int8.parity_gate`) on a generated eval
 split with the embed job's defaults. Prints a Markdown table and appends it with the
 command, machine and date to ``docs/BENCHMARKS.md``.
 """
@@ -60,7 +60,7 @@ LONG_TEXTS = [
 
 def make_texts(n: int, seed: int = 0) -> list[str]:
     """Product corpus texts plus ~10% longer and non-English ones, shuffled."""
-    from jobs.data.generate import generate_corpus
+    from embedfresh.ml.data.generate import generate_corpus
 
     rng = np.random.default_rng(seed)
     n_other = n // 10  # half non-English, half long (30-150 words)
@@ -100,7 +100,7 @@ def run_variant(
         os.environ["HF_HUB_OFFLINE"] = "1"
         from sentence_transformers import SentenceTransformer
 
-        from jobs.model.presets import minilm_dir
+        from embedfresh.ml.model.presets import minilm_dir
 
         st = SentenceTransformer(str(minilm_dir()), device="cpu")
         st.max_seq_length = MAX_LENGTH
@@ -117,11 +117,11 @@ def run_variant(
         )
         result.update(batch_size=best, sweep={str(k): round(v, 1) for k, v in sweep.items()})
     else:
-        from jobs.backends import get_backend
-        from jobs.embedding.bucketing import VariableTokenizer
-        from jobs.embedding.encode import embed_texts
-        from jobs.model import versions
-        from jobs.model.presets import get_spec, tokenizer_file
+        from embedfresh.ml.backends import get_backend
+        from embedfresh.ml.embedding.bucketing import VariableTokenizer
+        from embedfresh.ml.embedding.encode import embed_texts
+        from embedfresh.ml.model import versions
+        from embedfresh.ml.model.presets import get_spec, tokenizer_file
 
         spec = get_spec("minilm")
         model = versions.build_model(spec, 0)
@@ -129,7 +129,7 @@ def run_variant(
         model.eval()
         backend = get_backend("cpu")
         if variant == "ours-int8":
-            from jobs.embedding.int8 import quantize_int8
+            from embedfresh.ml.embedding.int8 import quantize_int8
 
             model = quantize_int8(model, backend)
         tok = VariableTokenizer(tokenizer_file().read_bytes(), MAX_LENGTH)
@@ -156,15 +156,16 @@ def run_variant(
 
 def run_parity(workdir: Path) -> dict:
     """The embed job's int8 parity gate with its defaults, on a generated eval split."""
-    from jobs.backends import get_backend
-    from jobs.data.generate import write_dataset
-    from jobs.embedding.bucketing import VariableTokenizer, padded_lengths
-    from jobs.embedding.config import DEFAULT_LENGTHS, EmbedConfig
-    from jobs.embedding.export import default_max_length
-    from jobs.embedding.int8 import parity_gate, quantize_int8
-    from jobs.model import versions
-    from jobs.model.presets import get_spec, tokenizer_file
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.config import EmbedConfig
+    from embedfresh.core.config.embedding import DEFAULT_LENGTHS
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.jobs.export_st import default_max_length
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.data.generate import write_dataset
+    from embedfresh.ml.embedding.bucketing import VariableTokenizer, padded_lengths
+    from embedfresh.ml.embedding.int8 import parity_gate, quantize_int8
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec, tokenizer_file
 
     store = ArtifactStore(f"file://{workdir / 'store'}")
     write_dataset(store, "products", 0, dt.date(2026, 1, 1), 1, 64, 4000, "products", 10, 10)

@@ -1,10 +1,10 @@
-"""Memory at scale: peak RSS of ``python -m jobs.embed`` for corpora of growing size.
+"""Memory at scale: peak RSS of ``python -m embedfresh.jobs.embed`` for corpora of growing size.
 
 Run on demand, not in CI::
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/embeddings_scale.py [--rows 100000 1000000]
 
-For each size it writes a generated product corpus (``jobs.data.generate``, shards of
+For each size it writes a generated product corpus (``embedfresh.ml.data.generate``, shards of
 ``--shard-rows`` rows) into a fresh ``file://`` store beside a ``tiny`` model version,
 runs the embed job as a child process and reads that child's own peak RSS from
 ``os.wait4`` (``ru_maxrss``). The job streams shards, so the peak should not grow with
@@ -36,12 +36,12 @@ def write_corpus(root: str, name: str, rows: int, shard_rows: int, seed: int = 0
     committed ``tiny`` version ``v1`` (random weights) to embed it with."""
     import pyarrow as pa
 
-    from jobs import layout
-    from jobs.checkpoint import cpu_state_dict
-    from jobs.data.generate import iter_corpus_batches, parquet_bytes
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
-    from jobs.storage import ArtifactStore
+    from embedfresh.core import layout
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.checkpoint import cpu_state_dict
+    from embedfresh.ml.data.generate import iter_corpus_batches, parquet_bytes
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec
 
     store = ArtifactStore(root)
     spec = get_spec("tiny")
@@ -55,7 +55,7 @@ def write_corpus(root: str, name: str, rows: int, shard_rows: int, seed: int = 0
 def run_embed(root: str, corpus: str, env: dict[str, str] | None = None) -> dict:
     """Run the embed job on ``corpus`` in a child process; its exit code, wall time,
     peak RSS (MiB, that child alone) and report."""
-    cmd = [sys.executable, "-m", "jobs.embed"]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.embed"]
     for s in (
         f"artifact_root={root}",
         "model=tiny",
@@ -78,8 +78,8 @@ def run_embed(root: str, corpus: str, env: dict[str, str] | None = None) -> dict
     result = json.loads(out) if proc.returncode == 0 else {}
     report = {}
     if result:
-        from jobs import layout
-        from jobs.storage import ArtifactStore
+        from embedfresh.core import layout
+        from embedfresh.core.storage import ArtifactStore
 
         run_id = f"scale-{corpus}"
         report = ArtifactStore(root).read_json(layout.report("tiny", run_id, "embed"))
@@ -141,7 +141,7 @@ def main() -> None:
             "",
             f"- Command: `{cmd}`",
             f"- Model `tiny`, generated product corpus, shards of {args.shard_rows:,} rows; "
-            "each size embedded by its own `python -m jobs.embed` process. Job peak RSS: "
+            "each size embedded by its own `python -m embedfresh.jobs.embed` process. Job peak RSS: "
             "`ru_maxrss` when the job returns (its report's `peak_rss_mib`); process peak "
             "RSS: `os.wait4` of that process, which also counts interpreter exit",
             "",

@@ -17,7 +17,7 @@ on freshly generated data. Measured:
 - per job: its own ``wall_seconds`` from its report under ``runs/<model>/<run_id>/reports``
   (tasks whose job writes no report count as all overhead);
 - apart, interleaved ``--starts`` times: a bare ``python -c pass``, ``import torch`` and
-  ``import jobs.train``, i.e. what every job subprocess pays before its own clock starts.
+  ``import embedfresh.jobs.train``, i.e. what every job subprocess pays before its own clock starts.
 
 Overhead = demo wall time - sum of the jobs' wall times; target <= 15% of the demo's wall.
 """
@@ -117,14 +117,14 @@ def task_of(report: str) -> str:
 
 #: The job module each task's subprocess imports first (list_shards runs in the worker).
 TASK_MODULES = {
-    "health": "jobs.health",
-    "compile": "jobs.compile",
-    "train": "jobs.train",
-    "evaluate": "jobs.evaluate",
-    "gate": "jobs.gate.job",
-    "promote": "jobs.promote",
-    "embed": "jobs.embed",
-    "verify": "jobs.embed_verify",
+    "health": "embedfresh.jobs.health",
+    "compile": "embedfresh.jobs.compile",
+    "train": "embedfresh.jobs.train",
+    "evaluate": "embedfresh.jobs.evaluate",
+    "gate": "embedfresh.jobs.gate",
+    "promote": "embedfresh.jobs.promote",
+    "embed": "embedfresh.jobs.embed",
+    "verify": "embedfresh.jobs.embed_verify",
 }
 IMPORT = "import sys, time; t = time.perf_counter(); import {m}; " + (
     "print(time.perf_counter() - t, 'torch' in sys.modules)"

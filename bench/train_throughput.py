@@ -6,10 +6,10 @@ Run on demand, not in CI::
     .venv/bin/python bench/train_throughput.py [--models tiny,minilm] [--rounds 5]
         [--threads 2] [--no-append]
 
-What it drives: the train job's own step loop, :func:`jobs.train._loop`, called in
-chunks of steps on the job's own pieces (:func:`jobs.model.versions.build_model`,
-:func:`jobs.train.make_optimizer` / ``make_schedule``, :class:`jobs.train.TrainingSet`
-from a generated partition read back by :func:`jobs.data.reader.read_train`), with the
+What it drives: the train job's own step loop, :func:`embedfresh.jobs.train._loop`, called in
+chunks of steps on the job's own pieces (:func:`embedfresh.ml.model.versions.build_model`,
+:func:`embedfresh.jobs.train.make_optimizer` / ``make_schedule``, :class:`embedfresh.jobs.train.TrainingSet`
+from a generated partition read back by :func:`embedfresh.ml.data.reader.read_train`), with the
 model config's batch size and padded length. Checkpointing and logging are pushed past
 the end (``checkpoint_every``/``log_every`` huge), so a chunk times forward, the
 relevance + in-batch contrastive loss, backward, gradient clipping, AdamW and the LR
@@ -84,16 +84,16 @@ class Trainer:
 
 def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> Trainer:
     """The train job's model, optimizer, schedule and data for ``model_name``, stepped
-    by :func:`jobs.train._loop`. ``variant``: ``eager`` or ``compiled``."""
-    from jobs import train as train_job
-    from jobs.backends import get_backend
-    from jobs.checkpoint import CheckpointManager
-    from jobs.config import TrainConfig
-    from jobs.data.reader import read_train
-    from jobs.model import versions
-    from jobs.model.presets import get_spec, tokenizer_file
-    from jobs.model.tokenizer import TextTokenizer
-    from jobs.storage import ArtifactStore
+    by :func:`embedfresh.jobs.train._loop`. ``variant``: ``eager`` or ``compiled``."""
+    from embedfresh.core.config import TrainConfig
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.jobs import train as train_job
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.checkpoint import CheckpointManager
+    from embedfresh.ml.data.reader import read_train
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec, tokenizer_file
+    from embedfresh.ml.model.tokenizer import TextTokenizer
 
     settings: dict[str, Any] = dict(
         artifact_root=root,
@@ -191,8 +191,8 @@ def adamw_probe(model_name: str, rounds: int, steps: int = 5) -> dict[str, float
     for-loop unless told otherwise."""
     import torch
 
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec
 
     def probe(kwargs: dict[str, bool]) -> Callable[[], float]:
         model = versions.build_model(get_spec(model_name), 0)
@@ -228,7 +228,7 @@ def bench_model(
         warm_compiles[v] = t.compiles()
         if v == "compiled" and t.compiles() == 0:
             notes.append(
-                f"{model_name}: `compile=on` compiled no graph through `jobs.train._loop` "
+                f"{model_name}: `compile=on` compiled no graph through `embedfresh.jobs.train._loop` "
                 "in this checkout: compiled variant dropped"
             )
             del trainers[v]
@@ -274,7 +274,7 @@ def main() -> None:
 
     import torch
 
-    from jobs.backends.base import Backend
+    from embedfresh.ml.backends.base import Backend
 
     torch.set_num_threads(args.threads)
     has_compile = hasattr(Backend, "compile")  # the train job's compile=on path
@@ -327,7 +327,7 @@ def main() -> None:
         f"Command: `{command_line()}`",
         f"Machine: {machine()}; {args.threads} torch threads",
         f"Date: {dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}; {NOISY}",
-        "Drives the train job's step loop (`jobs.train._loop`) in chunks on the job's own "
+        "Drives the train job's step loop (`embedfresh.jobs.train._loop`) in chunks on the job's own "
         "model, AdamW, LR schedule and fixed batch shapes (batch 32; padded length 32 tiny, "
         "64 minilm); a sample is one (query, product) pair, two encoder sequences",
         f"Rounds: {args.rounds}, chunks of {', '.join(f'{m} {CHUNK[m]}' for m in results)} "

@@ -20,9 +20,8 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
-
-from operators import BackendParityOperator
-from operators.params import artifact_root_param, backend_param, model_param
+from embedfresh.operators import BackendParityOperator
+from embedfresh.operators.params import artifact_root_param, backend_param, model_param
 
 with DAG(
     "accelerator_parity",

@@ -9,7 +9,7 @@ mapped ``embed`` task); each skips shards already committed, so a retry only red
 is missing. ``verify`` checks every shard against the corpus, writes the manifest and
 updates the Asset ``embedfresh://embeddings/<model>/<corpus>``.
 
-The Params' defaults run the embedded demo on CPU (after ``python -m jobs.generate_data``
+The Params' defaults run the embedded demo on CPU (after ``python -m embedfresh.jobs.generate_data``
 and a promotion, or with ``version`` set to a published model version).
 """
 
@@ -18,15 +18,14 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
-
-from operators import (
+from embedfresh.operators import (
     BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     ResolveModelVersionOperator,
     model_asset,
 )
-from operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
+from embedfresh.operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
 
 VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
 

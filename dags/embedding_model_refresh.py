@@ -20,7 +20,7 @@ logged and written to ``runs/<model>/<run_id>/reports/deadline.json`` (see
 ``operators/deadline.py``), and Airflow marks the run's deadline missed.
 
 The Params' defaults run the embedded demo on CPU: generate data into the artifact root
-first (``python -m jobs.generate_data --root <artifact_root>``), then trigger.
+first (``python -m embedfresh.jobs.generate_data --root <artifact_root>``), then trigger.
 
 The schedule is an explicit ``CronDataIntervalTimetable``: with a bare ``"@daily"``
 Airflow 3 uses ``CronTriggerTimetable``, whose runs have an empty data interval
@@ -34,8 +34,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
-
-from operators import (
+from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
     BatchEmbeddingOperator,
@@ -46,8 +45,8 @@ from operators import (
     PromoteModelOperator,
     QualityGateOperator,
 )
-from operators.deadline import refresh_deadline_alert
-from operators.params import COMMON_JOB_ARGS, common_params
+from embedfresh.operators.deadline import refresh_deadline_alert
+from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
 
 CORPUS = "products"
 PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"

@@ -1,6 +1,6 @@
 """Scheduled health check of the accelerator fleet: devices, tensor ops, collectives.
 
-Runs ``python -m jobs.health`` every six hours (and by hand from the Trigger form) with
+Runs ``python -m embedfresh.jobs.health`` every six hours (and by hand from the Trigger form) with
 ``nproc`` processes on one node, or on ``num_nodes`` nodes through the AWS Batch runner
 when an operator is configured so. Every check, its figures and the verdict go to
 ``runs/<model>/<run_id>/reports/health.json``; a failed check fails the task (exit 4,
@@ -17,9 +17,8 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, CronTriggerTimetable, Param
-
-from operators import AcceleratorHealthOperator
-from operators.params import COMMON_JOB_ARGS, common_params
+from embedfresh.operators import AcceleratorHealthOperator
+from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
 
 with DAG(
     "fleet_health",

@@ -4,25 +4,25 @@ Nothing here imports torch, torch_xla, boto3 or transformers at module level: th
 run in their own processes (ruff TID253 keeps it so).
 """
 
-from operators.assets import EMBEDDING_PUBLICATIONS_ALIAS, embeddings_asset
-from operators.base import EmbedfreshJobOperator
-from operators.compile import AheadOfTimeCompileOperator
-from operators.constants import ExecutionMode
-from operators.embed import (
+from embedfresh.operators.assets import EMBEDDING_PUBLICATIONS_ALIAS, embeddings_asset
+from embedfresh.operators.base import EmbedfreshJobOperator
+from embedfresh.operators.compile import AheadOfTimeCompileOperator
+from embedfresh.operators.constants import ExecutionMode
+from embedfresh.operators.embed import (
     BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     ResolveModelVersionOperator,
 )
-from operators.evaluate import EvaluationOperator
-from operators.gate import QualityGateOperator
-from operators.health import AcceleratorHealthOperator
-from operators.job_spec import JobSpec
-from operators.parity import BackendParityOperator
-from operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
-from operators.registry import production_version
-from operators.runners import AwsBatchRunner, BatchSettings, JobResult, LocalRunner
-from operators.train import IncrementalTrainingOperator
+from embedfresh.operators.evaluate import EvaluationOperator
+from embedfresh.operators.gate import QualityGateOperator
+from embedfresh.operators.health import AcceleratorHealthOperator
+from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.parity import BackendParityOperator
+from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
+from embedfresh.operators.registry import production_version
+from embedfresh.operators.runners import AwsBatchRunner, BatchSettings, JobResult, LocalRunner
+from embedfresh.operators.train import IncrementalTrainingOperator
 
 __all__ = [
     "AcceleratorHealthOperator",

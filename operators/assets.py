@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset, AssetAlias
-
-from operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator
 
 #: Alias the promote task emits model Assets through when the model is only known at
 #: run time (templated), e.g. ``"{{ params.model }}"``.

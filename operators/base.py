@@ -1,6 +1,6 @@
 """The base operator every embedfresh job operator derives from.
 
-An operator is a job kind (which ``python -m jobs.<name>`` and its settings) times an
+An operator is a job kind (which ``python -m embedfresh.jobs.<name>`` and its settings) times an
 execution mode (which runner). The runner is built lazily, so ``__init__`` does no I/O
 and DAG files parse fast; exit codes are mapped to Airflow reactions in one place.
 """
@@ -13,11 +13,9 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-from jobs.exit_codes import ExitCode
-from operators.constants import ExecutionMode
-from operators.job_spec import JobSpec
-from operators.runners import (
+from embedfresh.operators.constants import ExecutionMode
+from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.runners import (
     AwsBatchRunner,
     BatchSettings,
     DeferrableRunner,
@@ -25,6 +23,8 @@ from operators.runners import (
     LocalRunner,
     Runner,
 )
+
+from embedfresh.core.exit_codes import ExitCode
 
 #: Exit codes that mean retrying cannot help: fail the task for good.
 NO_RETRY_EXIT_CODES: dict[int, str] = {
@@ -35,7 +35,7 @@ NO_RETRY_EXIT_CODES: dict[int, str] = {
 
 
 class EmbedfreshJobOperator(BaseOperator):
-    """Runs one data-plane job (``python -m jobs.<job_name>``) and returns its summary.
+    """Runs one data-plane job (``python -m embedfresh.jobs.<job_name>``) and returns its summary.
 
     The job's JSON summary (its last stdout line) becomes the task's XCom
     ``return_value``. Exit codes map to Airflow as the job contract says: 0 success;
@@ -54,7 +54,7 @@ class EmbedfreshJobOperator(BaseOperator):
         ``aws_batch`` (an AWS Batch job; needs ``batch``).
     :param nproc_per_node: processes per node (data parallel under torchrun); an int or a
         template rendering to one, e.g. ``"{{ params.nproc }}"`` (templated).
-    :param batch: with ``aws_batch``, the :class:`~operators.runners.BatchSettings` fields:
+    :param batch: with ``aws_batch``, the :class:`~embedfresh.operators.runners.BatchSettings` fields:
         ``job_definition``, ``job_queue``, ``num_nodes``, ``share_identifier``,
         ``deferrable``, ... (templated).
     :raises AirflowFailException: exit code 2, 3 or 4 (no retry).

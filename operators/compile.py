@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from operators.train import IncrementalTrainingOperator
+from embedfresh.operators.train import IncrementalTrainingOperator
 
 
 class AheadOfTimeCompileOperator(IncrementalTrainingOperator):
-    """Traces and compiles every training graph before training (``python -m jobs.compile``).
+    """Traces and compiles every training graph before training (``python -m embedfresh.jobs.compile``).
 
     Runs a short trial of the real training command (a few steps, one evaluation, one
     checkpoint save into a throw-away run) and stores what it compiled under

@@ -25,8 +25,7 @@ import os
 from typing import Any
 
 from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback
-
-from operators.params import DEFAULT_MODEL, default_artifact_root
+from embedfresh.operators.params import DEFAULT_MODEL, default_artifact_root
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,8 @@ def record_deadline_breach(
         REST API shows it, with ``conf``) and ``deadline`` (``id``, ``deadline_time``).
     :return: the record written.
     """
-    from jobs.layout import report
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.layout import report
+    from embedfresh.core.storage import ArtifactStore
 
     context = context or {}
     dag_run = context.get("dag_run") or {}

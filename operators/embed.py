@@ -13,14 +13,13 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
-
-from operators.assets import (
+from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     EMBEDDINGS_ASSET_URI,
     AssetAnnouncingOperator,
 )
-from operators.base import EmbedfreshJobOperator
-from operators.registry import production_version
+from embedfresh.operators.base import EmbedfreshJobOperator
+from embedfresh.operators.registry import production_version
 
 
 class ResolveModelVersionOperator(BaseOperator):
@@ -78,9 +77,9 @@ class CorpusShardsOperator(BaseOperator):
         self.shards_per_task = shards_per_task
 
     def execute(self, context: Any) -> list[list[int]]:
-        from jobs.embedding.shards import corpus_shards
-        from jobs.exit_codes import BadInputError
-        from jobs.storage import ArtifactStore
+        from embedfresh.core.exit_codes import BadInputError
+        from embedfresh.core.shards import corpus_shards
+        from embedfresh.core.storage import ArtifactStore
 
         k = int(self.shards_per_task)
         if k < 1:
@@ -107,7 +106,7 @@ class _EmbedJobOperator(EmbedfreshJobOperator):
 
 
 class BatchEmbeddingOperator(_EmbedJobOperator):
-    """Embeds corpus shards with one committed model version (``python -m jobs.embed``).
+    """Embeds corpus shards with one committed model version (``python -m embedfresh.jobs.embed``).
 
     Skips shards already committed, so a retry only does what is left. Map it over
     shards: ``BatchEmbeddingOperator.partial(...).expand(shards=list_shards.output)``.
@@ -140,7 +139,7 @@ class BatchEmbeddingOperator(_EmbedJobOperator):
 
 
 class EmbeddingVerifyOperator(AssetAnnouncingOperator, _EmbedJobOperator):
-    """Verifies a corpus's embeddings and writes their manifest (``python -m jobs.embed_verify``).
+    """Verifies a corpus's embeddings and writes their manifest (``python -m embedfresh.jobs.embed_verify``).
 
     On success updates the Asset ``embedfresh://embeddings/<model>/<corpus>``: as a static
     outlet when both are plain strings, else through the Asset alias

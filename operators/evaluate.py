@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator
 
 
 class EvaluationOperator(EmbedfreshJobOperator):
-    """Evaluates model version ``run_id`` on the fixed eval split (``python -m jobs.evaluate``).
+    """Evaluates model version ``run_id`` on the fixed eval split (``python -m embedfresh.jobs.evaluate``).
 
     Writes ``eval.json`` with the metrics and the per-example outcomes the gate needs.
     """

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator
 
 
 class QualityGateOperator(EmbedfreshJobOperator):
-    """Lets the run's candidate through only on PASS (``python -m jobs.gate``).
+    """Lets the run's candidate through only on PASS (``python -m embedfresh.jobs.gate``).
 
     FAIL and INCONCLUSIVE exit 3: the task fails without retry and production is untouched.
 

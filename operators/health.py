@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator
 
 
 class AcceleratorHealthOperator(EmbedfreshJobOperator):
-    """Checks the devices and links a run is about to use (``python -m jobs.health``).
+    """Checks the devices and links a run is about to use (``python -m embedfresh.jobs.health``).
 
     Tensor-op checks against a float64 reference, NaN/Inf and memory checks on every
     device, and collectives (all-reduce, all-gather, reduce-scatter) across all ranks

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def encode_setting(value: Any) -> str:
-    """The ``value`` half of ``--set key=value``, as :func:`jobs.config.parse_override` reads it.
+    """The ``value`` half of ``--set key=value``, as :func:`embedfresh.core.config.parse_override` reads it.
 
     The job parses the value as JSON when it parses, else takes it as a string. A plain
     string that would not parse as JSON stays raw (readable in the task log); anything
@@ -26,7 +26,7 @@ def encode_setting(value: Any) -> str:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One run of ``python -m jobs.<job> --set key=value ...``.
+    """One run of ``python -m embedfresh.jobs.<job> --set key=value ...``.
 
     :param job: the job's module under ``jobs`` (``train``, ``evaluate``, ``gate``, ...).
     :param settings: config fields of the job, passed as ``--set`` overrides.
@@ -41,13 +41,13 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if not self.job or not self.job.replace("_", "").isalnum():
-            raise ValueError(f"job must be a module name under jobs/, got {self.job!r}")
+            raise ValueError(f"job must be a module name under embedfresh.jobs, got {self.job!r}")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
 
     @property
     def module(self) -> str:
-        return f"jobs.{self.job}"
+        return f"embedfresh.jobs.{self.job}"
 
     def job_args(self) -> list[str]:
         """``--set key=value`` for every setting, in the order given."""
@@ -57,9 +57,9 @@ class JobSpec:
         return args
 
     def argv(self, python: str) -> list[str]:
-        """The command line: ``python -m jobs.X ...``, or under torchrun for data parallel.
+        """The command line: ``python -m embedfresh.jobs.X ...``, or under torchrun for data parallel.
 
-        Data parallel on one node goes through :mod:`jobs.launch` (torchrun's arguments,
+        Data parallel on one node goes through :mod:`embedfresh.jobs.launch` (torchrun's arguments,
         the failing worker's exit code) with ``--standalone``: a free rendezvous port, so
         two tasks on one worker do not collide.
         """
@@ -67,7 +67,7 @@ class JobSpec:
             launcher = [
                 python,
                 "-m",
-                "jobs.launch",
+                "embedfresh.jobs.launch",
                 "--standalone",
                 "--nproc-per-node",
                 str(self.nproc_per_node),

@@ -7,17 +7,11 @@ fresh checkout (local artifact store, ``tiny`` model, ``cpu``).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from airflow.sdk import Param
 
-from operators.constants import ARTIFACT_ROOT_ENV
+from embedfresh.core.settings import BACKENDS, default_artifact_root
 
-#: The checkout's folder: the embedded default keeps its artifacts under it.
-REPO = Path(__file__).resolve().parent.parent
 MODELS = ["tiny", "minilm"]
-BACKENDS = ["auto", "cpu", "cuda", "xla", "neuron"]
 DEFAULT_MODEL = "tiny"
 
 #: Task arguments every job operator takes from the Params above.
@@ -28,13 +22,9 @@ COMMON_JOB_ARGS = {
 }
 
 
-def default_artifact_root() -> str:
-    """``$EMBEDFRESH_ARTIFACT_ROOT`` when set (e.g. ``s3://bucket/prefix`` in production),
-    else ``file://<checkout>/artifacts/airflow``. Read when the DAG file is parsed."""
-    return os.environ.get(ARTIFACT_ROOT_ENV) or f"file://{REPO / 'artifacts' / 'airflow'}"
-
-
 def artifact_root_param() -> Param:
+    """The store root; its default (:func:`~embedfresh.core.settings.default_artifact_root`)
+    is read when the DAG file is parsed."""
     return Param(
         default_artifact_root(),
         type="string",
@@ -47,7 +37,7 @@ def model_param() -> Param:
 
 
 def backend_param(default: str = "cpu", description: str = "Accelerator backend") -> Param:
-    return Param(default, enum=BACKENDS, description=description)
+    return Param(default, enum=list(BACKENDS), description=description)
 
 
 def common_params() -> dict[str, Param]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from operators.train import IncrementalTrainingOperator
+from embedfresh.operators.train import IncrementalTrainingOperator
 
 
 class BackendParityOperator(IncrementalTrainingOperator):
     """Trains ``init_version`` on ``backend_a`` and ``backend_b`` with identical
     hyperparameters and gates B's evaluation curve against A's in parity mode
-    (``python -m jobs.parity``). Anything but PASS exits 3: the task fails without retry.
+    (``python -m embedfresh.jobs.parity``). Anything but PASS exits 3: the task fails without retry.
 
     Takes the training operator's arguments (data interval, epochs, ...); ``backend`` is
     unused.
@@ -50,7 +50,7 @@ class BackendParityOperator(IncrementalTrainingOperator):
     def job_specific_settings(self) -> dict[str, Any]:
         init_version = self.init_version
         if not init_version:
-            from operators.registry import production_version
+            from embedfresh.operators.registry import production_version
 
             init_version = production_version(self.artifact_root, self.model)
         return {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operators.assets import (
+from embedfresh.operators.assets import (
     MODEL_ASSET_URI,
     MODEL_PROMOTIONS_ALIAS,
     AssetAnnouncingOperator,
@@ -13,7 +13,7 @@ __all__ = ["MODEL_PROMOTIONS_ALIAS", "PromoteModelOperator", "model_asset"]
 
 
 class PromoteModelOperator(AssetAnnouncingOperator):
-    """Moves the registry's production pointer to the run's candidate (``python -m jobs.promote``).
+    """Moves the registry's production pointer to the run's candidate (``python -m embedfresh.jobs.promote``).
 
     Only after the run's gate said PASS, by compare-and-swap on the production version the
     gate decided against; otherwise exit 3 (no retry) and production stays. On success the

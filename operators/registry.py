@@ -1,35 +1,29 @@
-"""The registry's production pointer, read from the worker without the jobs' model code."""
+"""The registry's production pointer, read in the worker through the jobs' own parser."""
 
 from __future__ import annotations
-
-import json
 
 from airflow.sdk.exceptions import AirflowFailException
 
 
 def production_version(artifact_root: str, model: str) -> str:
-    """The registry's production version of ``model``, read directly (torch-free).
+    """The registry's production version of ``model``
+    (:meth:`embedfresh.core.registry.Registry.production_version`, torch-free).
 
     :raises AirflowFailException: no registry, no production version, or a registry
-        that does not parse.
+        that is not valid (the same checks as the jobs').
     """
-    from jobs import layout
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.exit_codes import BadInputError
+    from embedfresh.core.registry import Registry
+    from embedfresh.core.storage import ArtifactStore
 
-    store = ArtifactStore(artifact_root)
-    rel = layout.registry(model)
-    if not store.exists(rel):
-        raise AirflowFailException(
-            f"model {model!r} has no registry at {store.url(rel)}: nothing was promoted yet; "
-            "promote a version first or name one explicitly"
-        )
+    registry = Registry(ArtifactStore(artifact_root), model)
     try:
-        doc = json.loads(store.read_bytes(rel))
-        version = doc["production"]["version"]
-    except (ValueError, KeyError, TypeError) as e:
+        version = registry.production_version()
+    except BadInputError as e:
+        raise AirflowFailException(str(e)) from e
+    if version is None:
         raise AirflowFailException(
-            f"registry {store.url(rel)} names no production version ({e!r})"
-        ) from e
-    if not isinstance(version, str) or not version:
-        raise AirflowFailException(f"registry {store.url(rel)} names no production version")
+            f"model {model!r} has no production version in {registry.url}: nothing was "
+            "promoted yet; promote a version first or name one explicitly"
+        )
     return version

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator
 
 
 class IncrementalTrainingOperator(EmbedfreshJobOperator):
     """Trains the model incrementally on ``[data_interval_start, data_interval_end)``.
 
-    Runs ``python -m jobs.train``: starts from the production version (or the base
+    Runs ``python -m embedfresh.jobs.train``: starts from the production version (or the base
     weights before the first promotion), resumes from the run's newest committed
     checkpoint on a retry, and publishes model version ``run_id``.
 

@@ -4,7 +4,7 @@ Generates the data set into a local artifact folder, prepares a project-local Ai
 (``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for the
 data intervals of two consecutive days, each in a fresh interpreter: health -> compile
 -> train -> evaluate -> gate -> promote -> embed (one mapped task per corpus shard) ->
-verify, every job a ``python -m jobs.<name>`` process as in production. Day 2 trains
+verify, every job a ``python -m embedfresh.jobs.<name>`` process as in production. Day 2 trains
 incrementally from the model day 1 promoted. Ends with a short summary: per day the gate
 decision and metrics, the production version, where the embeddings are, compute-hours
 and the estimated cost. Run it with ``make demo``; ``make airflow`` then shows the same
@@ -116,7 +116,7 @@ def run_day(env: dict[str, str], home: Path, day: dt.date, conf: dict) -> dict:
 
 def day_summary(store, day: dt.date, facts: dict) -> list[str]:
     """Lines for one day, from the run's reports in the artifact store."""
-    from jobs import layout
+    from embedfresh.core import layout
 
     run_id = facts["run_id"]
 
@@ -191,8 +191,8 @@ def main() -> None:
     root = f"file://{folder}"
     start = dt.date.fromisoformat(args.start)
 
-    from jobs.data.generate import write_dataset
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.data.generate import write_dataset
 
     store = ArtifactStore(root)
     generated = write_dataset(
@@ -227,7 +227,7 @@ def main() -> None:
     print("\n=== embedded demo: summary ===")
     for day, facts in results:
         print("\n".join(day_summary(store, day, facts)))
-    from jobs.registry import Registry
+    from embedfresh.core.registry import Registry
 
     production = Registry(store, "tiny").production_version()
     print(f"production: tiny {production}  (registry {store.url('models/tiny/registry.json')})")

@@ -80,11 +80,11 @@ def airflow_home(home: Path, artifact_root: str | None = None) -> dict[str, str]
 def promote_initial_version(root: str, version: str, model: str = "tiny") -> None:
     """Publish ``model``'s base weights as ``version`` and make it production, for DAGs
     that start from a production version (corpus_embeddings, accelerator_parity)."""
-    from jobs.checkpoint import cpu_state_dict
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
-    from jobs.registry import Registry
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.registry import Registry
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.checkpoint import cpu_state_dict
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec
 
     store = ArtifactStore(root)
     spec = get_spec(model)

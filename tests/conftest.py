@@ -38,8 +38,8 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_job(
     name: str, *sets: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m jobs.<name> --set ...`` as a real process; never raises on exit code."""
-    cmd = [sys.executable, "-m", f"jobs.{name}"]
+    """Run ``python -m embedfresh.jobs.<name> --set ...`` as a real process; never raises on exit code."""
+    cmd = [sys.executable, "-m", f"embedfresh.jobs.{name}"]
     for s in sets:
         cmd += ["--set", s]
     return subprocess.run(
@@ -48,8 +48,8 @@ def run_job(
 
 
 def write_data(root: str, seed: int = 0) -> None:
-    from jobs.data.generate import write_dataset
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.data.generate import write_dataset
 
     write_dataset(
         ArtifactStore(root),

@@ -20,20 +20,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-
-from jobs.config import DEFAULT_ARTIFACT_ROOT_ENV
-from operators import (
+from embedfresh.operators import (
     AwsBatchRunner,
     BatchSettings,
     IncrementalTrainingOperator,
     JobSpec,
     QualityGateOperator,
 )
-from operators.constants import ARTIFACT_ROOT_ENV
-from operators.runners.aws_batch import EVALUATE_ON_EXIT, job_result
+from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
+from embedfresh.operators.runners.aws_batch import EVALUATE_ON_EXIT, job_result
+
+from embedfresh.core.config import JobConfig
 from tests.conftest import ROOT
 
 REGION = "us-east-1"
@@ -81,7 +82,7 @@ def batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         )
         container = {
             "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/embedfresh:latest",
-            "command": ["python", "-m", "jobs.health"],
+            "command": ["python", "-m", "embedfresh.jobs.health"],
             "resourceRequirements": [
                 {"type": "VCPU", "value": "4"},
                 {"type": "MEMORY", "value": "8192"},
@@ -163,7 +164,7 @@ def test_a_single_node_job_runs_the_job_argv_with_its_env_and_retry_strategy(bat
     assert summary["exit_code"] == 0
     spec = op.build_job_spec()
     assert job["container"]["command"] == spec.argv("python")
-    assert job["container"]["command"][:3] == ["python", "-m", "jobs.train"]
+    assert job["container"]["command"][:3] == ["python", "-m", "embedfresh.jobs.train"]
     env = {e["name"]: e["value"] for e in job["container"]["environment"]}
     assert {k: env[k] for k in NEURON_ENV} == NEURON_ENV
     assert env[ARTIFACT_ROOT_ENV] == "s3://bucket/prod"
@@ -277,7 +278,7 @@ def test_the_launcher_finds_the_main_node_at_run_time_and_keeps_every_argument(f
         BatchSettings(job_definition=MULTI, job_queue=QUEUE, num_nodes=2, python=fake_python)
     )
     command = runner.command(spec)
-    expected_tail = ["--master_port", "29500", "-m", "jobs.train", *spec.job_args()]
+    expected_tail = ["--master_port", "29500", "-m", "embedfresh.jobs.train", *spec.job_args()]
 
     child = run_launcher(
         command,
@@ -288,7 +289,7 @@ def test_the_launcher_finds_the_main_node_at_run_time_and_keeps_every_argument(f
         },
     )
     assert child == [
-        "-m", "jobs.launch", "--nnodes", "2", "--node_rank", "1",
+        "-m", "embedfresh.jobs.launch", "--nnodes", "2", "--node_rank", "1",
         "--nproc-per-node", "4", "--master_addr", "10.0.3.7", *expected_tail,
     ]  # fmt: skip
 
@@ -439,7 +440,9 @@ def test_settings_are_validated_once_with_one_clear_error():
             JobSpec("train", env={"AWS_BATCH_JOB_ID": "x"})
         )
     assert len(EVALUATE_ON_EXIT) <= 5  # Batch accepts at most five evaluateOnExit rules
-    assert ARTIFACT_ROOT_ENV == DEFAULT_ARTIFACT_ROOT_ENV
+    # The variable the runner sets in the container is the one a job's config reads.
+    with mock.patch.dict(os.environ, {ARTIFACT_ROOT_ENV: "s3://bucket/from-env"}):
+        assert JobConfig().artifact_root == "s3://bucket/from-env"
 
 
 def test_the_batch_field_is_templated_and_the_runner_is_built_lazily():
@@ -455,7 +458,7 @@ def test_the_batch_field_is_templated_and_the_runner_is_built_lazily():
 def test_importing_the_operators_does_not_import_boto3_or_the_provider():
     code = (
         "import sys, operators; "
-        "assert operators.AwsBatchRunner; "
+        "assert embedfresh.operators.AwsBatchRunner; "
         "heavy = ('boto3', 'botocore', 'airflow.providers.amazon.aws.hooks.base_aws'); "
         "bad = [m for m in heavy if m in sys.modules]; "
         "assert not bad, bad"

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs import layout, markers
-from jobs.checkpoint import STATE, WEIGHTS, CheckpointManager
-from jobs.exit_codes import BadInputError
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout, markers
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.checkpoint import STATE, WEIGHTS, CheckpointManager
 from tests.conftest import ROOT, job_env, run_job
 
 # -- in-process unit tests ------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_corrupt_newest_is_skipped_with_a_warning(store, caplog, corrupt):
     for step in (7, 14):
         mgr.save(step, _weights(step), _state(step), {})
     corrupt(store, _dir(14))
-    with caplog.at_level(logging.WARNING, logger="jobs.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="embedfresh.ml.checkpoint"):
         ck = mgr.load_latest()
     assert ck is not None and ck.step == 7
     assert torch.equal(ck.weights["layer.weight"], _weights(7)["layer.weight"])
@@ -175,7 +175,7 @@ def test_unparseable_content_with_matching_checksums_is_skipped(store, caplog):
     files[STATE] = b"not a torch file at all"
     store.write_bytes(f"{directory}/{STATE}", files[STATE])
     markers.write_marker(store, directory, files, meta={"step": 14})
-    with caplog.at_level(logging.WARNING, logger="jobs.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="embedfresh.ml.checkpoint"):
         assert mgr.load_latest().step == 7
     assert any("skipping unreadable checkpoint" in r.getMessage() for r in caplog.records)
 
@@ -230,7 +230,7 @@ def train_ok(root: str, run_id: str) -> subprocess.CompletedProcess:
 
 def kill_after_step(root: str, run_id: str, kill_at: int) -> None:
     """Run training and SIGKILL it once it has logged step ``kill_at``."""
-    cmd = [sys.executable, "-m", "jobs.train"]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.train"]
     for s in train_args(root, run_id):
         cmd += ["--set", s]
     proc = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The compile job (``python -m jobs.compile``) on every backend it can run here.
+"""The compile job (``python -m embedfresh.jobs.compile``) on every backend it can run here.
 
 cpu: torch.compile's cache entry (mega-cache + inductor archive) is stored, a train run
 in a fresh process with an empty inductor directory restores it and starts warm, and the
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs import layout, markers
-from jobs.compile import neuron_env
-from jobs.compile.neuron import parse_summary
-from jobs.config import DEFAULT_NEURON_CC_FLAGS, CompileConfig, TrainConfig
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout, markers
+from embedfresh.core.config import DEFAULT_NEURON_CC_FLAGS, CompileConfig, TrainConfig
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.compile import neuron_env
+from embedfresh.ml.compile.neuron import parse_summary
 from tests.conftest import DAY2, run_job
 
 XLA_ENV = {"PJRT_DEVICE": "CPU"}
@@ -145,13 +145,13 @@ def test_neuron_trial_runs_under_neuron_parallel_compile(
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(calls) == 1
     call = calls[0]
-    assert call["argv"][:4] == [sys.executable, "-m", "jobs.train", "--config"]
+    assert call["argv"][:4] == [sys.executable, "-m", "embedfresh.jobs.train", "--config"]
 
     # The real training run: what the train job sets before the Neuron runtime starts.
     real = TrainConfig.model_validate(
         {**dict(s.split("=", 1) for s in sets), "data_interval_start": str(DAY2)}
     )
-    from jobs.train import prepare_compile
+    from embedfresh.jobs.train import prepare_compile
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "environ", {})
@@ -233,7 +233,7 @@ def test_parse_summary_takes_the_last_one() -> None:
 
 
 def test_cache_key_changes_with_shapes_and_flags() -> None:
-    from jobs.compile import cache_key
+    from embedfresh.ml.compile import cache_key
 
     base = CompileConfig(artifact_root="file:///nowhere")
     key = cache_key(base, "neuron", "neuron_parallel_compile")

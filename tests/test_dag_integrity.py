@@ -130,7 +130,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     assert {"mode", "tolerance"} <= set(tasks["gate"]["template_fields"])
     assert {"version", "corpus", "shards", "token_budget"} <= set(tasks["embed"]["template_fields"])
     assert dag["params"] == {
-        "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+        "artifact_root": f"file://{tmp_path / 'airflow-home' / 'embedfresh-artifacts'}",
         "model": "tiny",
         "backend": "cpu",
         "epochs": 3,
@@ -140,9 +140,9 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         {
             "reference": "DagRunQueuedAtDeadline",
             "interval_s": 6 * 3600,
-            "callback": "operators.deadline.record_deadline_breach",
+            "callback": "embedfresh.operators.deadline.record_deadline_breach",
             "callback_kwargs": {
-                "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+                "artifact_root": f"file://{tmp_path / 'airflow-home' / 'embedfresh-artifacts'}",
                 "model": "tiny",
                 "interval_seconds": 6 * 3600,
             },
@@ -171,7 +171,7 @@ def test_fleet_health_is_one_health_task_with_threshold_params(tmp_path: Path):
     assert {"nproc_per_node", "job_settings", "backend"} <= set(health["template_fields"])
     assert dag["native"] is True
     assert dag["params"] == {
-        "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+        "artifact_root": f"file://{tmp_path / 'airflow-home' / 'embedfresh-artifacts'}",
         "model": "tiny",
         "backend": "cpu",
         "nproc": 1,
@@ -196,7 +196,7 @@ def test_corpus_embeddings_fans_out_over_shards_with_demo_defaults(tmp_path: Pat
         "verify": ["embed"],
     }
     assert dag["params"] == {
-        "artifact_root": f"file://{ROOT / 'artifacts' / 'airflow'}",
+        "artifact_root": f"file://{tmp_path / 'airflow-home' / 'embedfresh-artifacts'}",
         "model": "tiny",
         "backend": "cpu",
         "corpus": "products",

@@ -16,11 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import generate_data, layout
-from jobs.data import generate
-from jobs.data.schema import CORPUS_SCHEMA, EXAMPLE_SCHEMA, product_text
-from jobs.exit_codes import BadInputError
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs import generate_data
+from embedfresh.ml.data import generate
+from embedfresh.ml.data.schema import CORPUS_SCHEMA, EXAMPLE_SCHEMA, product_text
 
 DAY = dt.date(2026, 1, 1)
 BUDGET = re.compile(r"\b(cheap|budget|affordable|inexpensive)\b|under \$")

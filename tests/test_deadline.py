@@ -5,7 +5,7 @@ The budget is set to a few seconds (``EMBEDFRESH_REFRESH_DEADLINE_SECONDS``, rea
 dag-processor parses the DAG). The DAG stays paused, so the triggered run stays queued and
 outlives any budget without spending CPU; the deadline counts from the moment it was
 queued, as in production. The scheduler marks the deadline missed and its LocalExecutor
-runs ``operators.deadline.record_deadline_breach``. The breach then shows in Airflow's
+runs ``embedfresh.operators.deadline.record_deadline_breach``. The breach then shows in Airflow's
 Deadlines view of the run (the UI's REST endpoint), in the callback's log, and as
 ``runs/tiny/<run_id>/reports/deadline.json`` in the artifact store.
 """

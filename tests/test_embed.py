@@ -16,17 +16,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from jobs import cli, layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.data.reader import read_parquet
-from jobs.embedding.bucketing import make_batches, padded_lengths
-from jobs.embedding.config import EmbedConfig
-from jobs.embedding.job import embed
-from jobs.embedding.verify import verify
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.model.tokenizer import TextTokenizer
-from jobs.storage import ArtifactStore
+from embedfresh.core import cli, layout
+from embedfresh.core.config import EmbedConfig
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.embed import embed
+from embedfresh.jobs.embed_verify import verify
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.embedding.bucketing import make_batches, padded_lengths
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
+from embedfresh.ml.model.tokenizer import TextTokenizer
 from tests.conftest import ROOT, job_env, run_job
 
 OUT = "embeddings/tiny/v1/{corpus}"
@@ -180,7 +180,7 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
         ],
     )
     sets = [f"artifact_root={root}", "model=tiny", "version=v1", "corpus=killme"]
-    cmd = [sys.executable, "-m", "jobs.embed"] + [a for s in sets for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.embed"] + [a for s in sets for a in ("--set", s)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     try:
@@ -266,9 +266,9 @@ def test_verify_refuses_gaps_and_bad_vectors(root: str, capsys: pytest.CaptureFi
     assert "part-00001.parquet: not committed" in capsys.readouterr().err
     assert not store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
     # A NaN vector in a committed part (re-committed so the checksum matches).
-    from jobs import markers
-    from jobs.embedding.job import shard_bytes
-    from jobs.embedding.shards import commit_name
+    from embedfresh.core import markers
+    from embedfresh.core.shards import commit_name
+    from embedfresh.jobs.embed import shard_bytes
 
     out = OUT.format(corpus="products")
     t = read_parquet(store, f"{out}/part-00002.parquet")

@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jobs import cli, layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.embedding import int8 as int8_mod
-from jobs.embedding.config import EmbedConfig
-from jobs.embedding.job import embed
-from jobs.exit_codes import BadInputError
-from jobs.gate.decision import GateResult, Mode, Verdict
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.storage import ArtifactStore
+from embedfresh.core import cli, layout
+from embedfresh.core.config import EmbedConfig
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.embed import embed
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.embedding import int8 as int8_mod
+from embedfresh.ml.gate.decision import GateResult, Mode, Verdict
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
 
 OUT = layout.embeddings("tiny", "v1", "products")
 REPORT = "runs/tiny/manual/reports/embed.json"
@@ -95,9 +95,9 @@ def test_each_verdict_is_obeyed(
 
 
 def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
-    from jobs.backends import get_backend
-    from jobs.embedding.bucketing import VariableTokenizer
-    from jobs.embedding.encode import embed_texts
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.embedding.bucketing import VariableTokenizer
+    from embedfresh.ml.embedding.encode import embed_texts
 
     store = _publish(root)
     version = versions.load(store, "tiny", "v1")

@@ -1,4 +1,4 @@
-"""``python -m jobs.embed`` with the minilm config writes sentence-transformers' vectors
+"""``python -m embedfresh.jobs.embed`` with the minilm config writes sentence-transformers' vectors
 for a varied, multilingual corpus: the whole job path (shards, prefetch, tokenisation
 without padding, length buckets, Parquet) against ``SentenceTransformer.encode`` on the
 shipped all-MiniLM-L6-v2, and texts over the max length truncated and counted."""
@@ -17,12 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs import layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.data.reader import read_parquet
-from jobs.model import versions
-from jobs.model.presets import get_spec, minilm_dir
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec, minilm_dir
 from tests.conftest import run_job
 
 MAX_LENGTH = 256  # the shipped model's max_seq_length

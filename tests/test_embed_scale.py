@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from jobs import layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.data.generate import iter_corpus_batches, parquet_bytes
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.generate import iter_corpus_batches, parquet_bytes
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
 from tests.conftest import run_job
 
 SHARD_ROWS = 1_000

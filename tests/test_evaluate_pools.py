@@ -16,10 +16,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.config import EvaluateConfig, GateConfig
-from jobs.evaluate import (
+from embedfresh.core import layout
+from embedfresh.core.config import EvaluateConfig, GateConfig
+from embedfresh.core.exit_codes import BadInputError, ExitCode
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.evaluate import (
     ALL_PRODUCTS,
     POOL_SEED,
     EvalSet,
@@ -27,12 +28,11 @@ from jobs.evaluate import (
     recall_at_k,
     recall_pools,
 )
-from jobs.exit_codes import BadInputError, ExitCode
-from jobs.gate.job import run_gate
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.model.tokenizer import TextTokenizer
-from jobs.storage import ArtifactStore
+from embedfresh.jobs.gate import run_gate
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
+from embedfresh.ml.model.tokenizer import TextTokenizer
 from tests.conftest import run_job
 from tests.test_gate_job import one_torch_thread  # noqa: F401 - autouse: one torch thread
 

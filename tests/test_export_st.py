@@ -1,4 +1,4 @@
-"""``python -m jobs.export_st``: a model version in the sentence-transformers format loads
+"""``python -m embedfresh.jobs.export_st``: a model version in the sentence-transformers format loads
 offline with ``SentenceTransformer(path)`` and gives the embed job's vectors."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import cli, layout, markers
-from jobs.checkpoint import cpu_state_dict
-from jobs.data.reader import read_parquet
-from jobs.embedding.config import EmbedConfig
-from jobs.embedding.export import export_dir, local_copy
-from jobs.embedding.job import embed
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.storage import ArtifactStore
+from embedfresh.core import cli, layout, markers
+from embedfresh.core.config import EmbedConfig
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.embed import embed
+from embedfresh.jobs.export_st import export_dir, local_copy
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
 from tests.conftest import run_job
 
 MIN_COSINE = 0.99999

@@ -23,19 +23,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.config import EvaluateConfig, GateConfig, PromoteConfig, TrainConfig
-from jobs.data.generate import write_dataset
-from jobs.data.schema import EXAMPLE_SCHEMA
-from jobs.evaluate import evaluate
-from jobs.exit_codes import BadInputError, ExitCode, GateRefusedError
-from jobs.gate.job import run_gate
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.promote import promote
-from jobs.registry import Registry
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.config import EvaluateConfig, GateConfig, PromoteConfig, TrainConfig
+from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.evaluate import evaluate
+from embedfresh.jobs.gate import run_gate
+from embedfresh.jobs.promote import promote
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.generate import write_dataset
+from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
 from tests.conftest import DAY1, run_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -175,10 +175,10 @@ def _degrade(store: ArtifactStore) -> dict:
     """Publish ``degraded``: the trained candidate with seeded noise on its relevance head."""
     import torch
 
-    from jobs.backends import get_backend
-    from jobs.data.reader import read_eval
-    from jobs.inference import score
-    from jobs.model.tokenizer import TextTokenizer
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.data.reader import read_eval
+    from embedfresh.ml.inference import score
+    from embedfresh.ml.model.tokenizer import TextTokenizer
 
     version = versions.load(store, MODEL, "cand")
     model = versions.instantiate(version)
@@ -238,7 +238,7 @@ def world(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Worl
 
 
 def train(cfg: TrainConfig) -> dict:
-    from jobs.train import train as train_job
+    from embedfresh.jobs.train import train as train_job
 
     return train_job(cfg)
 

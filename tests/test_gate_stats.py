@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from jobs.exit_codes import BadInputError
-from jobs.gate import stats
-from jobs.gate.decision import (
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.ml.gate import stats
+from embedfresh.ml.gate.decision import (
     PRACTICAL_N_CAP,
     Mode,
     Verdict,
@@ -21,7 +21,7 @@ from jobs.gate.decision import (
     gate,
     gate_curve,
 )
-from jobs.gate.stats import (
+from embedfresh.ml.gate.stats import (
     BootstrapResult,
     metric_on_resamples,
     metric_value,

@@ -1,4 +1,4 @@
-"""The health job as real programs: ``python -m jobs.health`` alone and under
+"""The health job as real programs: ``python -m embedfresh.jobs.health`` alone and under
 ``torchrun --nproc-per-node 2`` on cpu/gloo, healthy and with injected faults.
 
 Faults come from ``tests/health_faults/sitecustomize.py`` put on PYTHONPATH (it
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.exit_codes import ExitCode
-from jobs.health.collectives import aggregate, bus_bandwidth, elements_for
-from jobs.health.report import guarded
+from embedfresh.core.exit_codes import ExitCode
+from embedfresh.ml.health.collectives import aggregate, bus_bandwidth, elements_for
+from embedfresh.ml.health.report import guarded
 from tests.conftest import ROOT, job_env, run_job
 
 FAULTS = ROOT / "tests" / "health_faults"
@@ -41,7 +41,7 @@ def _report(root: str, run_id: str) -> dict[str, Any]:
 
 def _torchrun(*sets: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--standalone", "-m", "jobs.health"]  # a free rendezvous port: no clash
+    cmd += ["--standalone", "-m", "embedfresh.jobs.health"]  # a free rendezvous port: no clash
     for s in sets:
         cmd += ["--set", s]
     return subprocess.run(
@@ -341,10 +341,9 @@ def test_aggregate_takes_the_slowest_rank_and_applies_floors_from_a_size_on() ->
 def test_the_operator_fails_without_retry_when_a_rank_is_faulty_under_torchrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the operator and the local runner (jobs.launch): exit 4 stays 4, not torchrun's 1."""
+    """Through the operator and the local runner (embedfresh.jobs.launch): exit 4 stays 4, not torchrun's 1."""
     from airflow.sdk.exceptions import AirflowFailException
-
-    from operators import AcceleratorHealthOperator
+    from embedfresh.operators import AcceleratorHealthOperator
 
     for key, value in job_env().items():
         monkeypatch.setenv(key, value)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.health.neuron_tools import (
+from embedfresh.ml.health.neuron_tools import (
     NeuronOutputError,
     core_count,
     parse_nccom_test,

@@ -1,4 +1,4 @@
-"""``python -m jobs.launch``: torchrun whose exit code is the failing worker's own."""
+"""``python -m embedfresh.jobs.launch``: torchrun whose exit code is the failing worker's own."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def launch(tmp_path: Path, action: str) -> subprocess.CompletedProcess[str]:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     return subprocess.run(
-        [sys.executable, "-m", "jobs.launch", "--standalone", "--nproc-per-node", "2",
+        [sys.executable, "-m", "embedfresh.jobs.launch", "--standalone", "--nproc-per-node", "2",
          str(worker), action],
         cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -61,8 +61,7 @@ def test_killing_the_local_runner_ends_every_torchrun_worker(tmp_path: Path) -> 
     import time
 
     import psutil
-
-    from operators.runners import LocalRunner
+    from embedfresh.operators.runners import LocalRunner
 
     worker = tmp_path / "sleeper.py"
     worker.write_text(SLEEPER)
@@ -70,7 +69,7 @@ def test_killing_the_local_runner_ends_every_torchrun_worker(tmp_path: Path) -> 
     pids.mkdir()
     # No grace: the launcher is SIGKILLed before it can forward SIGTERM to its workers.
     runner = LocalRunner(kill_grace_s=0)
-    argv = [sys.executable, "-m", "jobs.launch", "--standalone", "--nproc-per-node", "2"]
+    argv = [sys.executable, "-m", "embedfresh.jobs.launch", "--standalone", "--nproc-per-node", "2"]
     thread = threading.Thread(
         target=runner.run_command,
         args=([*argv, str(worker), str(pids)], job_env(), logging.getLogger("test")),

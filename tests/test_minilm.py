@@ -1,6 +1,6 @@
 """The ``minilm`` config loads offline and embeds exactly as sentence-transformers does.
 
-Our encoder (jobs/model/encoder.py) is a hand-written BERT; these tests pin it to the
+Our encoder (embedfresh/ml/model/encoder.py) is a hand-written BERT; these tests pin it to the
 reference implementation (sentence-transformers over transformers' ``BertModel``) on the
 same all-MiniLM-L6-v2 files, so a silent drift in attention, masking, pooling or the
 tokenizer shows up here rather than as a quietly worse production embedding.
@@ -23,12 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jobs.exit_codes import BadInputError
-from jobs.model import versions
-from jobs.model.encoder import BertEncoder
-from jobs.model.presets import get_spec, minilm_dir, tokenizer_file
-from jobs.model.relevance import RelevanceModel
-from jobs.model.tokenizer import TextTokenizer
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.encoder import BertEncoder
+from embedfresh.ml.model.presets import get_spec, minilm_dir, tokenizer_file
+from embedfresh.ml.model.relevance import RelevanceModel
+from embedfresh.ml.model.tokenizer import TextTokenizer
 
 MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
 MIN_COSINE = 0.99999

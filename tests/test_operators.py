@@ -1,7 +1,7 @@
 """The operators and the local runner, on real processes.
 
 The only stand-in is the command: ``ScriptRunner`` runs a small ``python -c`` program
-instead of ``python -m jobs.<job>`` so every exit code and failure mode is cheap to
+instead of ``python -m embedfresh.jobs.<job>`` so every exit code and failure mode is cheap to
 produce; streaming, the exit-code mapping, environment and kill are the real code.
 """
 
@@ -20,9 +20,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-from jobs.config import parse_override
-from operators import (
+from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
     EmbedfreshJobOperator,
@@ -34,8 +32,10 @@ from operators import (
     QualityGateOperator,
     model_asset,
 )
-from operators.deadline import DEADLINE_ENV, deadline_interval, record_deadline_breach
-from operators.promote import MODEL_PROMOTIONS_ALIAS
+from embedfresh.operators.deadline import DEADLINE_ENV, deadline_interval, record_deadline_breach
+from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS
+
+from embedfresh.core.config import parse_override
 from tests.conftest import ROOT
 
 PY = "/usr/bin/python3"
@@ -47,7 +47,7 @@ PY = "/usr/bin/python3"
 def test_argv_runs_the_job_module_with_one_set_per_setting():
     spec = JobSpec("train", {"artifact_root": "file:///a b", "epochs": 3, "run_id": "r1"})
     assert spec.argv(PY) == [
-        PY, "-m", "jobs.train",
+        PY, "-m", "embedfresh.jobs.train",
         "--set", "artifact_root=file:///a b",
         "--set", "epochs=3",
         "--set", "run_id=r1",
@@ -72,8 +72,8 @@ def test_plain_strings_stay_readable_and_json_lookalikes_are_quoted():
 def test_data_parallel_launches_under_torchrun():
     spec = JobSpec("train", {"run_id": "r1"}, nproc_per_node=4)
     assert spec.argv(PY) == [
-        PY, "-m", "jobs.launch", "--standalone", "--nproc-per-node", "4",
-        "-m", "jobs.train", "--set", "run_id=r1",
+        PY, "-m", "embedfresh.jobs.launch", "--standalone", "--nproc-per-node", "4",
+        "-m", "embedfresh.jobs.train", "--set", "run_id=r1",
     ]  # fmt: skip
 
 
@@ -130,7 +130,7 @@ def test_promote_outlets_are_the_model_asset_or_the_alias_when_templated():
 
 
 class ScriptRunner(LocalRunner):
-    """Runs ``spec.settings["code"]`` with ``python -c`` instead of ``python -m jobs.<job>``."""
+    """Runs ``spec.settings["code"]`` with ``python -c`` instead of ``python -m embedfresh.jobs.<job>``."""
 
     def command(self, spec: JobSpec) -> list[str]:
         return [self.python, "-c", spec.settings["code"]]
@@ -366,7 +366,7 @@ def test_the_runner_uses_the_workers_interpreter():
     assert LocalRunner(python="/opt/py").command(JobSpec("train")) == [
         "/opt/py",
         "-m",
-        "jobs.train",
+        "embedfresh.jobs.train",
     ]
 
 
@@ -374,7 +374,11 @@ def test_the_runner_uses_the_workers_interpreter():
 
 
 def test_embedding_and_parity_operators_build_their_jobs_settings():
-    from operators import BackendParityOperator, BatchEmbeddingOperator, EmbeddingVerifyOperator
+    from embedfresh.operators import (
+        BackendParityOperator,
+        BatchEmbeddingOperator,
+        EmbeddingVerifyOperator,
+    )
 
     common = dict(artifact_root="file:///r", run_id="r1")
     embed = BatchEmbeddingOperator(task_id="e", **common, version="v1", shards=[0, 2])
@@ -404,7 +408,11 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
 
 
 def test_verify_outlets_are_the_embeddings_asset_or_the_alias_when_templated():
-    from operators import EMBEDDING_PUBLICATIONS_ALIAS, EmbeddingVerifyOperator, embeddings_asset
+    from embedfresh.operators import (
+        EMBEDDING_PUBLICATIONS_ALIAS,
+        EmbeddingVerifyOperator,
+        embeddings_asset,
+    )
 
     plain = EmbeddingVerifyOperator(
         task_id="v", artifact_root="r", model="minilm", corpus="docs", version="v1"
@@ -419,8 +427,11 @@ def test_verify_outlets_are_the_embeddings_asset_or_the_alias_when_templated():
 
 def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path: Path):
     from airflow.sdk.exceptions import AirflowFailException as Fail
-
-    from operators import CorpusShardsOperator, ResolveModelVersionOperator, production_version
+    from embedfresh.operators import (
+        CorpusShardsOperator,
+        ResolveModelVersionOperator,
+        production_version,
+    )
 
     corpus = tmp_path / "corpora" / "products"
     corpus.mkdir(parents=True)
@@ -435,11 +446,17 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
     with pytest.raises(Fail, match="no part"):
         CorpusShardsOperator(task_id="n", artifact_root=root, corpus="none").execute({})
 
-    with pytest.raises(Fail, match="no registry"):
+    with pytest.raises(Fail, match="nothing was promoted yet"):
         production_version(root, "tiny")
     registry = tmp_path / "models" / "tiny" / "registry.json"
     registry.parent.mkdir(parents=True)
+    # Read by the jobs' own parser: a registry without its history is refused.
     registry.write_text(json.dumps({"model": "tiny", "production": {"version": "v7"}}))
+    with pytest.raises(Fail, match="does not have the registry structure"):
+        production_version(root, "tiny")
+    registry.write_text(
+        json.dumps({"model": "tiny", "production": {"version": "v7"}, "history": []})
+    )
     assert production_version(root, "tiny") == "v7"
     resolve = ResolveModelVersionOperator(task_id="r", artifact_root=root)
     assert resolve.execute({}) == "v7"
@@ -460,7 +477,7 @@ def test_health_and_compile_operators_build_their_jobs_settings():
     assert spec.argv(PY)[:7] == [
         PY,
         "-m",
-        "jobs.launch",
+        "embedfresh.jobs.launch",
         "--standalone",
         "--nproc-per-node",
         "2",
@@ -506,7 +523,7 @@ def test_the_deadline_callback_records_the_breach_where_the_run_writes(tmp_path,
         },
         "deadline": {"id": "d-1", "deadline_time": dt.datetime(2026, 1, 2, 6, 0, 5, tzinfo=dt.UTC)},
     }
-    with caplog.at_level(logging.WARNING, logger="operators.deadline"):
+    with caplog.at_level(logging.WARNING, logger="embedfresh.operators.deadline"):
         record_deadline_breach(f"file://{default_root}", "tiny", 21600.0, context=context)
 
     # The run's conf names its artifact root: the record goes there, not to the default.

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.gate.job import ensure_baseline, load_outcomes
-from jobs.storage import ArtifactStore
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.gate import ensure_baseline, load_outcomes
 from tests.conftest import run_job
 from tests.test_train_resume import weights_sha
 

@@ -66,7 +66,7 @@ def store(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(auth, store: Path) -> TestClient:
-    from plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality import create_app
 
     c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
     c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
@@ -78,7 +78,7 @@ def client(auth, store: Path) -> TestClient:
 
 @pytest.mark.parametrize("path", ["/", "/api/models", "/api/models/tiny", "/chart.svg?model=tiny"])
 def test_unauthenticated_requests_are_refused(auth, store: Path, path: str):
-    from plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality import create_app
 
     anonymous = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
     r = anonymous.get(path)
@@ -91,7 +91,7 @@ def test_unauthenticated_requests_are_refused(auth, store: Path, path: str):
 
 
 def test_forged_token_and_unauthorised_user_are_refused(auth, store: Path):
-    from plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality import create_app
 
     c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
     good = token(auth, "viewer")
@@ -104,8 +104,7 @@ def test_forged_token_and_unauthorised_user_are_refused(auth, store: Path):
 
 def test_the_login_cookie_authenticates(auth, store: Path):
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
-
-    from plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality import create_app
 
     c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
     c.cookies.set(COOKIE_NAME_JWT_TOKEN, token(auth, "viewer"))
@@ -256,7 +255,7 @@ def test_corrupted_manifest_and_compile_report(client: TestClient, store: Path):
 
 
 def test_unreachable_store_is_a_message_not_a_stack_trace(auth):
-    from plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality import create_app
 
     c = TestClient(create_app("s3://"), raise_server_exceptions=False)
     c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
@@ -301,7 +300,7 @@ def test_unknown_section_is_404_with_the_list(client: TestClient):
 def test_plugin_and_storage_do_not_import_torch():
     code = (
         "import sys\n"
-        "import plugins.model_quality_plugin, plugins.model_quality.reports, jobs.storage\n"
+        "import embedfresh.plugins.model_quality_plugin, embedfresh.plugins.model_quality.reports, embedfresh.core.storage\n"
         "heavy = [m for m in ('torch', 'torch_xla', 'transformers', 'boto3') if m in sys.modules]\n"
         "print(heavy)\n"
         "sys.exit(1 if heavy else 0)\n"
@@ -332,9 +331,9 @@ def test_parity_curve_draws_one_line_per_metric_over_the_steps(client: TestClien
 
 def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
     import boto3
+    from embedfresh.plugins.model_quality import create_app
 
-    from jobs.storage import ArtifactStore
-    from plugins.model_quality import create_app
+    from embedfresh.core.storage import ArtifactStore
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="model-quality")
     root = "s3://model-quality/prod"

@@ -13,16 +13,16 @@ import threading
 
 import pytest
 
-from jobs import layout
-from jobs.checkpoint import cpu_state_dict
-from jobs.config import GateConfig, PromoteConfig
-from jobs.exit_codes import BadInputError, ConflictError, ExitCode, GateRefusedError
-from jobs.gate.job import run_gate
-from jobs.model import versions
-from jobs.model.presets import get_spec
-from jobs.promote import promote
-from jobs.registry import Registry
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.config import GateConfig, PromoteConfig
+from embedfresh.core.exit_codes import BadInputError, ConflictError, ExitCode, GateRefusedError
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.gate import run_gate
+from embedfresh.jobs.promote import promote
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
 from tests.conftest import run_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

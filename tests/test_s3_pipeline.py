@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from jobs import layout
-from jobs.checkpoint import WEIGHTS
+from embedfresh.core import layout
+from embedfresh.ml.checkpoint import WEIGHTS
 from tests.conftest import run_job, write_data
 from tests.test_checkpoint import STEPS, kill_after_step, train_ok
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from jobs import markers
-from jobs.exit_codes import BadInputError, ConflictError
-from jobs.storage import ArtifactStore
+from embedfresh.core import markers
+from embedfresh.core.exit_codes import BadInputError, ConflictError
+from embedfresh.core.storage import ArtifactStore
 from tests.reliability.test_transient_exit import raised_from
 
 _buckets = itertools.count()
@@ -242,7 +242,7 @@ def test_concurrent_create_if_absent_has_exactly_one_winner(store):
 
 
 def test_s3_retry_config_defaults_and_environment(monkeypatch):
-    from jobs.storage import S3_MAX_ATTEMPTS, s3_retry_config
+    from embedfresh.core.storage import S3_MAX_ATTEMPTS, s3_retry_config
 
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
@@ -254,7 +254,7 @@ def test_s3_retry_config_defaults_and_environment(monkeypatch):
 
 @pytest.mark.parametrize("value", ["three", "0"])
 def test_s3_retry_config_refuses_a_bad_attempt_count(monkeypatch, value):
-    from jobs.storage import s3_retry_config
+    from embedfresh.core.storage import s3_retry_config
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", value)
     with pytest.raises(BadInputError, match="AWS_MAX_ATTEMPTS"):
@@ -299,7 +299,7 @@ class _ServiceError(Exception):
     ],
 )
 def test_is_transient_follows_the_cause_chain(exc, transient):
-    from jobs.storage import is_transient
+    from embedfresh.core.storage import is_transient
 
     assert is_transient(exc) is transient
 
@@ -322,7 +322,7 @@ def test_store_rides_out_injected_503s(s3_endpoint, monkeypatch):
 def test_store_gives_up_with_a_transient_error(s3_endpoint, monkeypatch):
     import boto3
 
-    from jobs.exit_codes import TransientError
+    from embedfresh.core.exit_codes import TransientError
     from tests.reliability.fault_proxy import INTERNAL, FaultPlan, FaultProxy, always
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="storage-gives-up")

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from jobs.cost import PRICES_USD, price_per_hour, run_cost, topology
-from jobs.exit_codes import BadInputError
-from jobs.storage import ArtifactStore
+from embedfresh.core.cost import PRICES_USD, price_per_hour, run_cost, topology
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
 from tests.conftest import run_job
 
 

@@ -29,7 +29,7 @@ def free_port() -> int:
 def torchrun(root: str, run_id: str, *sets: str) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd += ["-m", "jobs.train"]
+    cmd += ["-m", "embedfresh.jobs.train"]
     for s in (f"artifact_root={root}", f"run_id={run_id}", *BASE, *sets):
         cmd += ["--set", s]
     return cmd
@@ -80,8 +80,8 @@ def test_two_ranks_match_one_process_with_the_global_batch(root: str) -> None:
 
 
 def weights_at_init(root: str) -> dict[str, torch.Tensor]:
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec
 
     return {
         k: v.detach().clone()

@@ -46,7 +46,7 @@ def train_until_killed(
     cmd = [
         sys.executable,
         "-m",
-        "jobs.train",
+        "embedfresh.jobs.train",
         "--set",
         f"artifact_root={root}",
         "--set",

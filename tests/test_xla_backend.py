@@ -3,7 +3,7 @@ train and evaluate run on it, nothing recompiles after warm-up, a SIGKILLed run 
 bit-exactly, and checkpoints/model versions move between cpu and xla unchanged.
 
 torch_xla is imported only in the job subprocesses: importing it starts a PJRT runtime.
-Backend choice (``auto``) is tested through :func:`jobs.backends.detect`'s inputs.
+Backend choice (``auto``) is tested through :func:`embedfresh.ml.backends.detect`'s inputs.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.backends import detect, get_backend
-from jobs.exit_codes import BadInputError
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.ml.backends import detect, get_backend
 from tests.conftest import ROOT, job_env, run_job
 from tests.test_train_resume import train_until_killed, weights_sha
 
@@ -111,11 +111,11 @@ def test_checkpoint_written_on_one_backend_resumes_on_the_other(root, reference,
 LOAD_BACK = """
 import json, sys
 import torch
-from jobs.backends import get_backend
-from jobs.checkpoint import CheckpointManager, cpu_state_dict, to_cpu
-from jobs.model import versions
-from jobs.storage import ArtifactStore
-from jobs.train import make_optimizer
+from embedfresh.ml.backends import get_backend
+from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict, to_cpu
+from embedfresh.ml.model import versions
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.train import make_optimizer
 
 root, version, run_id = sys.argv[1:]
 store = ArtifactStore(root)

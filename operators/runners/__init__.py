@@ -3,9 +3,9 @@
 The AWS Batch runner imports the Amazon provider (and boto3) only when it is used.
 """
 
-from operators.runners.aws_batch import AwsBatchRunner, BatchSettings
-from operators.runners.base import DeferrableRunner, JobResult, Runner
-from operators.runners.local import LocalRunner
+from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
+from embedfresh.operators.runners.base import DeferrableRunner, JobResult, Runner
+from embedfresh.operators.runners.local import LocalRunner
 
 __all__ = [
     "AwsBatchRunner",

@@ -2,7 +2,7 @@
 
 Submission, waiting, deferral and termination go through the Amazon provider
 (``BatchClientHook``, ``BatchJobTrigger``); this module only builds the request from a
-:class:`~operators.job_spec.JobSpec` and maps the finished job back to the exit-code
+:class:`~embedfresh.operators.job_spec.JobSpec` and maps the finished job back to the exit-code
 contract. The provider (and with it boto3) is imported on first use, never at module
 level, so DAG files that name this runner still parse fast.
 """
@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from jobs.exit_codes import ExitCode
-from operators.constants import ARTIFACT_ROOT_ENV
-from operators.job_spec import JobSpec
-from operators.runners.base import JobResult
-from operators.runners.local import DEFAULT_ENV
+from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
+from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.runners.base import JobResult
+from embedfresh.operators.runners.local import DEFAULT_ENV
+
+from embedfresh.core.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.batch_client import BatchClientHook
@@ -176,9 +177,9 @@ class AwsBatchRunner:
         return [{"name": k, "value": v} for k, v in env.items()]
 
     def command(self, spec: JobSpec) -> list[str]:
-        """``python -m jobs.X --set ...`` on one node; a torchrun launcher across nodes.
+        """``python -m embedfresh.jobs.X --set ...`` on one node; a torchrun launcher across nodes.
 
-        The launcher is :mod:`jobs.launch` (torchrun's own arguments), which exits with the
+        The launcher is :mod:`embedfresh.jobs.launch` (torchrun's own arguments), which exits with the
         failing worker's code, so ``evaluateOnExit`` sees 2/3/4/75 and not torchrun's 1.
 
         Across nodes, Batch tells each node its index and the node count, and every node
@@ -188,7 +189,7 @@ class AwsBatchRunner:
         if self.settings.num_nodes == 1:
             return spec.argv(self.settings.python)
         torchrun = [
-            self.settings.python, "-m", "jobs.launch",
+            self.settings.python, "-m", "embedfresh.jobs.launch",
             "--nnodes", "$AWS_BATCH_JOB_NUM_NODES",
             "--node_rank", "$AWS_BATCH_JOB_NODE_INDEX",
             "--nproc-per-node", str(spec.nproc_per_node),

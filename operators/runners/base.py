@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from operators.job_spec import JobSpec
+from embedfresh.operators.job_spec import JobSpec
 
 
 @dataclass(frozen=True)

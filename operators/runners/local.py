@@ -16,16 +16,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psutil
-
-from operators.job_spec import JobSpec
-from operators.runners.base import JobResult
+from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.runners.base import JobResult
 
 #: Environment every local job gets unless the worker or the spec says otherwise.
 DEFAULT_ENV: Mapping[str, str] = {"HF_HUB_OFFLINE": "1"}
 
 
 class LocalRunner:
-    """Runs ``python -m jobs.<job>`` on the worker and streams its output into the task log.
+    """Runs ``python -m embedfresh.jobs.<job>`` on the worker and streams its output into the task log.
 
     The job starts in a new session, so :meth:`kill` reaches everything it spawned
     (torchrun workers, data loader processes) through the process group.
@@ -104,7 +103,7 @@ class LocalRunner:
     def kill(self) -> None:
         """SIGTERM the job's process tree, then SIGKILL it after ``kill_grace_s``.
 
-        The tree, not only the process group: torchrun (:mod:`jobs.launch`) starts each
+        The tree, not only the process group: torchrun (:mod:`embedfresh.jobs.launch`) starts each
         worker in a session of its own, so signalling the group alone would leave the
         workers training.
         """

@@ -5,6 +5,6 @@ against the tolerance band, health per host and rank, compile cache entries and
 embedding runs, read from the artifact store. See docs/UI.md.
 """
 
-from plugins.model_quality.app import create_app
+from embedfresh.plugins.model_quality.app import create_app
 
 __all__ = ["create_app"]

@@ -1,9 +1,9 @@
 """The plugin's FastAPI app: the "Model quality" page and its JSON endpoints.
 
-Mounted by the api-server under :data:`~plugins.model_quality.settings.URL_PREFIX`.
+Mounted by the api-server under :data:`~embedfresh.plugins.model_quality.settings.URL_PREFIX`.
 Every route requires a user the api-server's auth manager accepts (the JWT cookie the
 Airflow login sets, or an ``Authorization: Bearer`` token) and who may see the Airflow
-website; ids in URLs are checked with :func:`jobs.layout.safe_id` before they reach the
+website; ids in URLs are checked with :func:`embedfresh.core.layout.safe_id` before they reach the
 store; errors come back as a message (HTML for the page, JSON for ``/api``), never as
 a stack trace. The endpoints are documented in docs/UI.md.
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
+from embedfresh.plugins.model_quality import reports
+from embedfresh.plugins.model_quality.chart import curve_chart
+from embedfresh.plugins.model_quality.page import message_page, render_page
+from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from jobs import layout
-from jobs.exit_codes import BadInputError
-from jobs.storage import ArtifactStore
-from plugins.model_quality import reports
-from plugins.model_quality.chart import curve_chart
-from plugins.model_quality.page import message_page, render_page
-from plugins.model_quality.settings import URL_PREFIX, artifact_root
+from embedfresh.core import layout
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
 

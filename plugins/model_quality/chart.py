@@ -20,7 +20,7 @@ def _num(value: Any) -> float | None:
 
 
 def curve_chart(curve: dict[str, Any], width: int = 760, height: int = 320) -> str:
-    """An SVG document for :func:`plugins.model_quality.reports.latest_curve`'s data."""
+    """An SVG document for :func:`embedfresh.plugins.model_quality.reports.latest_curve`'s data."""
     points = curve.get("points") or []
     tol = _num(curve.get("tolerance")) or 0.001
     metrics = sorted({m["metric"] for p in points for m in p["metrics"] if m.get("metric")})

@@ -11,9 +11,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from plugins.model_quality.chart import VERDICT_COLOURS, curve_chart
-from plugins.model_quality.reports import Section
-from plugins.model_quality.settings import REFRESH_DAG_ID
+from embedfresh.plugins.model_quality.chart import VERDICT_COLOURS, curve_chart
+from embedfresh.plugins.model_quality.reports import Section
+from embedfresh.plugins.model_quality.settings import REFRESH_DAG_ID
 
 #: Run id prefixes Airflow gives DAG runs (DagRunType); other ids came from a shell.
 AIRFLOW_RUN_PREFIXES = ("manual__", "scheduled__", "asset_triggered__", "backfill__")

@@ -1,6 +1,6 @@
 """Read what the jobs wrote, tolerantly, for the "Model quality" page.
 
-Everything goes through :class:`jobs.storage.ArtifactStore` and :mod:`jobs.layout`, so
+Everything goes through :class:`embedfresh.core.storage.ArtifactStore` and :mod:`embedfresh.core.layout`, so
 ``file://`` and ``s3://`` roots behave the same. Reports come from jobs that evolve
 independently of this page: a missing, unreadable or oddly shaped report becomes a
 :class:`Section` with a message ("not available: ...") instead of an error, and one bad
@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobs import layout, markers
-from jobs.exit_codes import BadInputError
-from jobs.registry import Registry
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout, markers
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ READERS = 16
 GATE_REQUIRED = ("verdict",)
 Found = tuple[list[tuple[str, dict]], list[str]]
 
-#: The marker verify writes last under an embeddings folder (jobs.embedding.shards).
+#: The marker verify writes last under an embeddings folder (embedfresh.core.shards).
 EMBEDDINGS_MANIFEST = "_MANIFEST.json"
 
 
@@ -139,7 +139,7 @@ def _newest_first(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 
 def registry(store: ArtifactStore, model: str) -> Section:
-    """The registry as the jobs read it (:class:`jobs.registry.Registry`): one validation."""
+    """The registry as the jobs read it (:class:`embedfresh.core.registry.Registry`): one validation."""
     reg = Registry(store, model)
     try:
         doc, _ = reg.read()

@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import layout
-from jobs.registry import Registry
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
 from tests.airflow.server import REFRESH, AirflowServer, task_states
 from tests.conftest import DAY1, DAY2, run_job
 
@@ -74,7 +74,7 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     assert [t["try_number"] for t in tries["task_instances"]] == [1]
     # The gate job exited 3 and the operator failed the task for good (no retry).
     log = server.task_log(REFRESH, run_id, "gate", 1)
-    refused = "jobs.gate failed with exit code 3 (quality gate refused the model), not retrying"
+    refused = "embedfresh.jobs.gate failed with exit code 3 (quality gate refused the model), not retrying"
     assert f"AirflowFailException: {refused}" in log, log
 
     gate = store.read_json(layout.report("tiny", run_id, "gate"))

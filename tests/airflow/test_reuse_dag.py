@@ -36,10 +36,10 @@ print(json.dumps(run_facts(run, xcom_tasks=("health", "embed_all", "verify"))))
 
 def publish_version(root: str, version: str) -> None:
     """A committed model version (random-init tiny weights): what the DAG embeds with."""
-    from jobs.checkpoint import cpu_state_dict
-    from jobs.model import versions
-    from jobs.model.presets import get_spec
-    from jobs.storage import ArtifactStore
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.checkpoint import cpu_state_dict
+    from embedfresh.ml.model import versions
+    from embedfresh.ml.model.presets import get_spec
 
     spec = get_spec("tiny")
     weights = cpu_state_dict(versions.build_model(spec, 0))

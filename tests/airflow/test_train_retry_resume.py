@@ -2,7 +2,7 @@
 Airflow retries it (the DAG's own retry policy), and the retry resumes from the newest
 committed checkpoint instead of starting over; the run then succeeds.
 
-The kill goes to the job (``python -m jobs.train``, a subprocess of the task runner in
+The kill goes to the job (``python -m embedfresh.jobs.train``, a subprocess of the task runner in
 its own process group), not to the Airflow task runner: the runner sees the job die
 with -9 and fails the try, which is what a crashed node or an OOM kill looks like.
 dag.test() would retry too (it re-schedules up_for_retry tasks), but only the scheduler
@@ -52,7 +52,7 @@ def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
     committed = server.wait_for(
         lambda: sorted(checkpoints.glob("step-*/COMMIT")), 240, "a committed checkpoint", 0.05
     )
-    pids = job_pids("jobs.train", run_id)
+    pids = job_pids("embedfresh.jobs.train", run_id)
     assert len(pids) == 1, f"expected one training job process, found {pids}"
     os.kill(pids[0], signal.SIGKILL)
     killed_at_step = int(committed[-1].parent.name.removeprefix("step-"))

@@ -32,8 +32,8 @@ def main() -> None:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from jobs.exit_codes import TransientError
-    from jobs.storage import ArtifactStore, s3_retry_config
+    from embedfresh.core.exit_codes import TransientError
+    from embedfresh.core.storage import ArtifactStore, s3_retry_config
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -3,7 +3,7 @@
 in the store: no model version, no report, and the registry and the published
 embeddings byte-identical (sha256 of every file of the store, before and after).
 
-Each case runs the real program (``python -m jobs.<name>``) against a private copy of
+Each case runs the real program (``python -m embedfresh.jobs.<name>``) against a private copy of
 a store that already has a production model (``prod``, promoted) and its published
 embeddings, with the broken part written through pyarrow. docs/RELIABILITY.md lists
 every case with the test that proves it.
@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.data.schema import EXAMPLE_SCHEMA
-from jobs.exit_codes import ExitCode
-from jobs.registry import Registry
-from jobs.storage import ArtifactStore
+from embedfresh.core.exit_codes import ExitCode
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
 from tests.conftest import ROOT, job_env, run_job
 
 RUN = "bad"
@@ -274,7 +274,7 @@ def run_on_read_only_root(directory: Path, *sets: str) -> subprocess.CompletedPr
     the rest of the machine keep a writable view, and nothing outlives the job); chmod
     does not stop root. Otherwise the tree is made read-only by permissions.
     """
-    args = [sys.executable, "-m", "jobs.train"]
+    args = [sys.executable, "-m", "embedfresh.jobs.train"]
     for s in sets:
         args += ["--set", s]
     if os.geteuid() != 0:
@@ -510,7 +510,7 @@ def test_missing_s3_credentials(s3_root):
     )
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "jobs.train"]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.train"]
     for s in (f"artifact_root={s3_root}", f"run_id={RUN}", START):
         cmd += ["--set", s]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -22,10 +22,10 @@ from collections.abc import Callable
 import boto3
 import pytest
 
-from jobs import layout, markers
-from jobs.checkpoint import WEIGHTS
-from jobs.exit_codes import ExitCode
-from jobs.storage import ArtifactStore
+from embedfresh.core import layout, markers
+from embedfresh.core.exit_codes import ExitCode
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.checkpoint import WEIGHTS
 from tests.conftest import ROOT, job_env, write_data
 from tests.reliability import figures
 from tests.reliability.fault_proxy import (
@@ -54,7 +54,7 @@ def s3_data_root(s3_endpoint: str) -> str:
 
 
 def start_training(root: str, run_id: str, endpoint: str, env: dict[str, str] | None = None):
-    cmd = [sys.executable, "-m", "jobs.train"]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.train"]
     for s in train_args(root, run_id):
         cmd += ["--set", s]
     return subprocess.Popen(

@@ -60,7 +60,7 @@ class Attempt:
 def attempt(root: str, run_id: str, kill_at: int | None) -> Attempt:
     """One training process; SIGKILLed right after it logs step ``kill_at`` (None: let it
     finish). A restart that resumed at or past ``kill_at`` is killed at its next step."""
-    cmd = [sys.executable, "-m", "jobs.train"]
+    cmd = [sys.executable, "-m", "embedfresh.jobs.train"]
     for s in (f"artifact_root={root}", f"run_id={run_id}", *TRAIN):
         cmd += ["--set", s]
     started = time.perf_counter()

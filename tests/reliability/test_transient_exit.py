@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import cli
-from jobs.config import JobConfig
-from jobs.exit_codes import BadInputError, ExitCode, TransientError
+from embedfresh.core import cli
+from embedfresh.core.config import JobConfig
+from embedfresh.core.exit_codes import BadInputError, ExitCode, TransientError
 
 
 @pytest.fixture(autouse=True)

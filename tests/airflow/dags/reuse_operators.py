@@ -12,8 +12,11 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
-
-from operators import AcceleratorHealthOperator, BatchEmbeddingOperator, EmbeddingVerifyOperator
+from embedfresh.operators import (
+    AcceleratorHealthOperator,
+    BatchEmbeddingOperator,
+    EmbeddingVerifyOperator,
+)
 
 ARGS = {
     "artifact_root": "{{ params.artifact_root }}",

@@ -1,0 +1,98 @@
+"""Config of the embed job and its verifier (``python -m embedfresh.jobs.embed``, ``embedfresh.jobs.embed_verify``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from embedfresh.core.config.base import JobConfig
+from embedfresh.core.layout import safe_id
+
+DEFAULT_LENGTHS = (16, 32, 64, 128, 256)
+LENGTH_CAP = 256
+"""No padded length beyond this, whatever the model's max position (cost is quadratic)."""
+
+
+class EmbedConfig(JobConfig):
+    """Embedding of corpus shards with one committed model version."""
+
+    corpus: str = "products"
+    """Corpus name: reads ``corpora/{corpus}/part-NNNNN.parquet`` (id, text)."""
+    version: str
+    """Model version to embed with (required: embeddings name the version they come from)."""
+    shards: list[int] | None = None
+    """Shard indices this task embeds (dynamic task mapping); None: every corpus shard."""
+    token_budget: int = Field(default=4096, ge=1)
+    """Padded tokens per batch: a batch of padded length L has ``token_budget // L`` rows."""
+    lengths: list[int] = Field(default_factory=lambda: list(DEFAULT_LENGTHS))
+    """The small fixed set of padded lengths (static shapes). Lengths above the truncation
+    length are dropped and the truncation length itself is always one of them."""
+    max_length: int | None = Field(default=None, ge=2)
+    """Truncation length in tokens; None: the model spec's ``max_length`` (what training
+    and the quality gate saw). Capped at the model's max position and at 256."""
+    static_batches: bool = True
+    """Pad the last batch of each length bucket to the bucket's row count (one shape per
+    bucket for XLA/Neuron/compile). False trims it, which only saves work in eager mode."""
+    packed: bool = True
+    """On a CPU/CUDA backend, run the linear layers on the real tokens only, padding
+    just for attention, and on CPU through oneDNN (:mod:`embedfresh.ml.embedding.packed`): same
+    vectors, about 2x the padded forward on our CPUs. Ignored on xla/neuron, which
+    keep the static padded shapes."""
+    prefetch: int = Field(default=1, ge=1, le=2)
+    """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
+    quantize: Literal["none", "int8"] = "none"
+    """``int8``: dynamic int8 quantisation of the encoder's linear layers (CPU backend
+    only). The job then first runs the parity gate (recall@10 on the eval split of
+    ``dataset``, int8 against fp32, tolerance 0.001) and writes nothing unless it passes."""
+    dataset: str = "products"
+    """Dataset whose eval split the int8 parity gate reads (unused with quantize=none)."""
+
+    @field_validator("corpus", "version", "dataset")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("shards must name at least one shard (or be null for all)")
+        if any(i < 0 for i in v):
+            raise ValueError("shard indices must be >= 0")
+        if len(set(v)) != len(v):
+            raise ValueError("shard indices must be unique")
+        return sorted(v)
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths(cls, v: list[int]) -> list[int]:
+        if not v or any(n < 2 for n in v):
+            raise ValueError("lengths must be a non-empty list of padded lengths >= 2")
+        return sorted(set(v))
+
+    @property
+    def report_kind(self) -> str:
+        """``embed`` for all shards; ``embed-<first>-<last>`` (or ``embed-<i>``) otherwise."""
+        if self.shards is None:
+            return "embed"
+        first, last = self.shards[0], self.shards[-1]
+        return f"embed-{first}" if first == last else f"embed-{first}-{last}"
+
+
+class ExportConfig(JobConfig):
+    """Export of a model version's encoder in the sentence-transformers format."""
+
+    version: str
+    """Model version to export (written under its own ``sentence-transformers/``)."""
+    max_seq_length: int | None = Field(default=None, ge=2)
+    """Truncation length written to ``sentence_bert_config.json``; None: what the embed
+    job uses by default (the spec's ``max_length``, capped at the max position and 256),
+    so the exported model reproduces the job's vectors."""
+
+    @field_validator("version")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")

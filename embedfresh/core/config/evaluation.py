@@ -1,0 +1,71 @@
+"""Configs of the evaluation side: evaluate, the quality gate and promote."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from embedfresh.core.config.base import JobConfig
+from embedfresh.core.layout import safe_id
+
+
+class EvaluateConfig(JobConfig):
+    """Evaluation of one model version on the fixed held-out split."""
+
+    dataset: str = "products"
+    version: str | None = None
+    """Model version to evaluate; defaults to the run id (what the train job published)."""
+    batch_size: int = Field(default=64, ge=1)
+    report_name: str = "eval"
+    """Report file name under the run's reports/ (``eval`` -> ``eval.json``)."""
+    recall_pool: int | None = Field(default=100, gt=10)
+    """recall@10 per query among its relevant products plus a fixed, seeded sample of
+    negatives, this many in all (:func:`embedfresh.jobs.evaluate.recall_pools`; why 100: docs/GATE.md).
+    None: among all eval products."""
+
+    @field_validator("dataset", "version", "report_name")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def target_version(self) -> str:
+        return self.version or self.run_id
+
+
+class GateConfig(JobConfig):
+    """The quality gate: candidate vs reference on the same held-out examples."""
+
+    dataset: str = "products"
+    version: str | None = None
+    """Candidate version; defaults to the run id. Its eval report must exist."""
+    mode: Literal["no_regression", "parity"] = "no_regression"
+    reference: str = "production"
+    """``production`` (the registry's production version, falling back to the baseline
+    before the first promotion) or a pinned version name."""
+    baseline: str = "baseline"
+    """Version used as reference before any promotion: published from the config's base
+    weights (random init for tiny, all-MiniLM-L6-v2 for minilm) when missing."""
+    metrics: list[str] = Field(
+        default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
+    )
+    tolerance: float = Field(default=0.001, ge=0, lt=1)
+    """Relative tolerance: 0.001 is the 0.1% quality SLA."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    resamples: int = Field(default=1000, ge=100)
+    seed: int = 0
+    batch_size: int = Field(default=64, ge=1)
+
+    @field_validator("dataset", "version", "reference", "baseline")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def candidate_version(self) -> str:
+        return self.version or self.run_id
+
+
+class PromoteConfig(JobConfig):
+    """Moves the production pointer to the run's candidate if its gate said PASS."""

@@ -1,0 +1,185 @@
+"""Configs of the training jobs: train, compile (a trial of a training run) and parity."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from embedfresh.core.config.base import JobConfig
+from embedfresh.core.layout import safe_id
+
+#: Neuron's training defaults (DESIGN "Backends"); O1 compiles ~86% faster for ~5-7%
+#: less throughput.
+DEFAULT_NEURON_CC_FLAGS = (
+    "--target trn1 --auto-cast all --auto-cast-type bf16 --model-type transformer --optlevel 1"
+)
+
+
+class TrainConfig(JobConfig):
+    """Incremental training on the partitions of one data interval."""
+
+    dataset: str = "products"
+    data_interval_start: dt.date
+    """First day of data (inclusive)."""
+    data_interval_end: dt.date | None = None
+    """Last day of data (exclusive); defaults to the day after the start."""
+    epochs: int = Field(default=2, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many optimizer steps even if epochs remain."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Examples per step; None takes the model config's default. Fixed (drop_last)."""
+    learning_rate: float | None = Field(default=None, gt=0)
+    incremental_lr_scale: float = Field(default=0.1, gt=0, le=1)
+    """Learning-rate factor when starting from the production model (fine-tuning)."""
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    contrastive_weight: float = Field(default=1.0, ge=0)
+    """Weight of the in-batch contrastive loss that trains the embedding for retrieval."""
+    contrastive_temperature: float = Field(default=0.05, gt=0)
+    checkpoint_every: int = Field(default=50, ge=1)
+    """Optimizer steps between checkpoints: the most work a failure can lose."""
+    keep_last: int = Field(default=2, ge=1)
+    """Committed checkpoints kept per run."""
+    seed: int = 0
+    init: Literal["auto", "production", "base", "version"] = "auto"
+    """``production``: start from the registry's production version (error if none);
+    ``base``: from the config's base weights (random for tiny, MiniLM for minilm);
+    ``auto``: production when there is one, else base; ``version``: from the pinned
+    version ``init_version`` (setting ``init_version`` implies it)."""
+    init_version: str | None = None
+    """Pinned model version to start from (``init=version``): two runs, e.g. on two
+    backends for the parity gate, start from the same weights whatever production is.
+    Like ``production`` it counts as fine-tuning (``incremental_lr_scale`` applies)."""
+    version: str | None = None
+    """Name of the model version this run publishes; defaults to the run id."""
+    log_every: int = Field(default=10, ge=1)
+    eval_every: int | None = Field(default=None, ge=1)
+    """Evaluate the current weights on the held-out split every this many steps (and at
+    the last step): ``reports/eval-step-{step:08d}.json`` + outcomes, and the train
+    report's ``eval_curve``. None: no evaluation during training."""
+    eval_batch_size: int = Field(default=64, ge=1)
+    """Batch size of those evaluations (fixed shape, like the evaluate job's)."""
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Override of the model config's dropout probability for this run's training (the
+    architecture, and so the published version's spec, is unchanged). ``0`` makes a
+    training step deterministic: no random draws, e.g. to compare backends' numerics."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile on cpu/cuda: ``on``, ``off`` (eager), or ``auto``: whichever the
+    benchmark measured faster for this backend and model config
+    (:data:`embedfresh.ml.compile.modes.COMPILE_DEFAULTS`). With it on, the train job restores
+    the compile job's cache entry first. xla/neuron always trace and compile graphs."""
+    neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
+    """``NEURON_CC_FLAGS`` of the neuron backend; the compile job's trial run and the
+    real run get the same value (and the same ``NEURON_COMPILE_CACHE_URL``)."""
+    compile_cache_root: str | None = None
+    """Artifact root whose ``compile-cache/`` this run reads (torch.compile entries) and
+    points Neuron at; None: ``artifact_root``. The compile job's trial, which trains in
+    a throwaway store, sets it to the real root."""
+    instance_type: str | None = None
+    """Instance the run is billed as, for ``estimated_cost_usd``; None: the backend's
+    usual one (:data:`embedfresh.core.cost.DEFAULT_INSTANCE`)."""
+    instance_prices: dict[str, float] = Field(default_factory=dict)
+    """USD per instance-hour overriding or extending :data:`embedfresh.core.cost.PRICES_USD`."""
+
+    @field_validator("dataset", "version", "init_version")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @field_validator("instance_prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: p for k, p in v.items() if not p >= 0}
+        if bad:
+            raise ValueError(f"instance prices must be >= 0 USD/hour, got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _init_version(self) -> TrainConfig:
+        if self.init_version is not None and self.init not in ("auto", "version"):
+            raise ValueError(f"init_version is set, so init must be 'version', not {self.init!r}")
+        if self.init == "version" and self.init_version is None:
+            raise ValueError("init=version needs init_version (the version to start from)")
+        if self.init_version is not None and self.init == "auto":
+            object.__setattr__(self, "init", "version")
+        return self
+
+    @property
+    def interval_end(self) -> dt.date:
+        return self.data_interval_end or self.data_interval_start + dt.timedelta(days=1)
+
+    @property
+    def output_version(self) -> str:
+        return self.version or self.run_id
+
+
+class ParityConfig(TrainConfig):
+    """Backend parity (DESIGN "The quality gate", parity mode): train the same start
+    version with the same hyperparameters on backend A and backend B, evaluating at
+    every ``eval_every`` steps, and gate B's curve against A's (two-sided |d| < tolerance
+    at every common evaluation point). The training fields are those of
+    :class:`TrainConfig`; ``backend`` is unused (see ``backend_a``/``backend_b``)."""
+
+    backend_a: str = "cpu"
+    """Reference backend; its run id is ``{run_id}-{backend_a}``."""
+    backend_b: str = "xla"
+    """Candidate backend; its run id is ``{run_id}-{backend_b}``."""
+    eval_every: int | None = Field(default=50, ge=1)
+    metrics: list[str] = Field(
+        default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
+    )
+    tolerance: float = Field(default=0.001, ge=0, lt=1)
+    """Relative two-sided tolerance: 0.001 is the 0.1% SLA."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    resamples: int = Field(default=1000, ge=100)
+    gate_seed: int = 0
+    """Seed of the paired bootstrap (``seed`` is the training seed)."""
+    timeout_seconds: float = Field(default=3600, gt=0)
+    """Limit of each training subprocess."""
+
+    @model_validator(mode="after")
+    def _parity(self) -> ParityConfig:
+        if self.init_version is None:
+            raise ValueError("parity needs init_version: both backends start from it")
+        if self.eval_every is None:
+            raise ValueError("parity needs eval_every: the curve is its evaluation points")
+        return self
+
+    def side_run_id(self, side: Literal["a", "b"]) -> str:
+        """``{run_id}-{backend}``; ``-a``/``-b`` appended when both sides share a backend
+        (the same backend twice is the control: it must give d == 0)."""
+        backend = self.backend_a if side == "a" else self.backend_b
+        run_id = f"{self.run_id}-{backend}"
+        return run_id if self.backend_a != self.backend_b else f"{run_id}-{side}"
+
+    def train_config(self, side: Literal["a", "b"]) -> TrainConfig:
+        """The training config of one side: identical but for backend, run id, version."""
+        extra = set(ParityConfig.model_fields) - set(TrainConfig.model_fields)
+        data = self.model_dump(exclude=extra)
+        run_id = self.side_run_id(side)
+        data.update(
+            backend=self.backend_a if side == "a" else self.backend_b,
+            run_id=run_id,
+            version=None if self.version is None else self.version + run_id[len(self.run_id) :],
+        )
+        return TrainConfig.model_validate(data)
+
+
+class CompileConfig(TrainConfig):
+    """The compile job: a trial of the training run this config describes, shortened to
+    ``trial_steps`` steps, one evaluation and one checkpoint save, in a throwaway store,
+    so every graph is traced; its cache entry is stored under the compile-cache key."""
+
+    data_interval_start: dt.date | None = None
+    """Day of data the trial trains on; None: the newest training partition."""
+    trial_steps: int = Field(default=5, ge=2)
+    """Training steps of the trial (a checkpoint is saved at ``trial_steps - 1``)."""
+    neuron_parallel_compile: str = "neuron_parallel_compile"
+    """The executable (found on PATH) that wraps the neuron trial."""
+    neuron_max_retries: int | None = Field(default=None, ge=0)
+    """``NEURON_PARALLEL_COMPILE_MAX_RETRIES``; None leaves the tool's default."""
+    timeout_seconds: float = Field(default=7200, gt=0)
+    """Limit of the trial subprocess (xla, neuron)."""

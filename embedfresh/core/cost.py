@@ -1,0 +1,78 @@
+"""Compute-hours and an estimated cost for a training run (every train report has them).
+
+``compute_hours`` = nodes x devices per node x wall hours; ``estimated_cost_usd`` =
+nodes x wall hours x the instance's hourly price. Prices are on-demand, Linux,
+us-east-1 list prices (USD per instance-hour) as published on
+https://aws.amazon.com/ec2/pricing/on-demand/ before AWS's June 2025 cut of up to 45% on
+P4/P5 on-demand prices, so treat the GPU rows as an upper bound; a run overrides or
+extends the table with ``TrainConfig.instance_prices``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from embedfresh.core.exit_codes import BadInputError
+
+PRICES_USD: dict[str, float] = {
+    "trn1.32xlarge": 21.50,  # 16 Trainium chips (32 NeuronCores)
+    "p4d.24xlarge": 32.7726,  # 8 x A100 40 GB
+    "p5.48xlarge": 98.32,  # 8 x H100 80 GB
+    "cpu": 0.4032,  # m7i.2xlarge (8 vCPU, 32 GiB): a general-purpose CPU worker
+}
+
+#: What a backend is billed as when the config names no instance type.
+DEFAULT_INSTANCE: dict[str, str] = {
+    "cpu": "cpu",
+    "xla": "cpu",
+    "cuda": "p4d.24xlarge",
+    "neuron": "trn1.32xlarge",
+}
+
+
+def topology(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(nodes, devices per node)`` of this run from torchrun's environment
+    (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``); ``(1, 1)`` outside torchrun."""
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    local = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    local = max(1, min(local, world))
+    return max(1, world // local), local
+
+
+def price_per_hour(instance_type: str, overrides: Mapping[str, float] | None = None) -> float:
+    """USD per instance-hour of ``instance_type``.
+
+    :raises BadInputError: the type is in neither the table nor the overrides.
+    """
+    prices = {**PRICES_USD, **(overrides or {})}
+    if instance_type not in prices:
+        raise BadInputError(
+            f"no price for instance type {instance_type!r}: known {', '.join(sorted(prices))}"
+            " (add it with --set instance_prices='{\"<type>\": <usd per hour>}')"
+        )
+    return float(prices[instance_type])
+
+
+def run_cost(
+    backend: str,
+    wall_seconds: float,
+    instance_type: str | None = None,
+    overrides: Mapping[str, float] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The report's cost fields for a run of ``wall_seconds`` on ``backend``."""
+    instance = instance_type or DEFAULT_INSTANCE.get(backend, "cpu")
+    price = price_per_hour(instance, overrides)
+    nodes, devices = topology(env)
+    hours = wall_seconds / 3600.0
+    return {
+        "instance_type": instance,
+        "price_per_hour_usd": price,
+        "nodes": nodes,
+        "devices_per_node": devices,
+        "compute_hours": round(nodes * devices * hours, 6),
+        "estimated_cost_usd": round(nodes * hours * price, 6),
+    }

@@ -1,0 +1,108 @@
+"""Where each artifact lives under the store root (DESIGN "Artifact store").
+
+All paths are relative to the root and built here only, so the layout has one owner::
+
+    datasets/{name}/{split}/dt=YYYY-MM-DD/part-00000.parquet   daily training partitions
+    datasets/{name}/eval/part-00000.parquet                    the fixed held-out split
+    corpora/{name}/part-00000.parquet                          texts to embed (id, text)
+    compile-cache/{backend}/{key}/...
+    runs/{model}/{run_id}/checkpoints/step-00000100/...        + COMMIT written last
+    runs/{model}/{run_id}/reports/{kind}.json
+    models/{model}/versions/{version}/...                      + COMMIT written last
+    models/{model}/registry.json
+    embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from embedfresh.core.exit_codes import BadInputError
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,199}$")
+
+
+def safe_id(value: str, what: str) -> str:
+    """Validate a name used as one path segment (model, run id, version, dataset)."""
+    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
+        raise BadInputError(
+            f"invalid {what} {value!r}: use letters, digits and . _ : + = - "
+            "(no '/', no '..', at most 200 characters)"
+        )
+    return value
+
+
+def dataset_partition(dataset: str, split: str, day: dt.date) -> str:
+    return f"datasets/{safe_id(dataset, 'dataset')}/{safe_id(split, 'split')}/dt={day.isoformat()}"
+
+
+def eval_split(dataset: str) -> str:
+    return f"datasets/{safe_id(dataset, 'dataset')}/eval"
+
+
+def corpus(name: str) -> str:
+    return f"corpora/{safe_id(name, 'corpus')}"
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def run_dir(model: str, run_id: str) -> str:
+    return f"runs/{safe_id(model, 'model')}/{safe_id(run_id, 'run id')}"
+
+
+def checkpoints(model: str, run_id: str) -> str:
+    return f"{run_dir(model, run_id)}/checkpoints"
+
+
+def checkpoint(model: str, run_id: str, step: int) -> str:
+    return f"{checkpoints(model, run_id)}/{checkpoint_name(step)}"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def report(model: str, run_id: str, kind: str) -> str:
+    return f"{run_dir(model, run_id)}/reports/{safe_id(kind, 'report kind')}.json"
+
+
+def reports(model: str, run_id: str) -> str:
+    return f"{run_dir(model, run_id)}/reports"
+
+
+def model_version(model: str, version: str) -> str:
+    return f"models/{safe_id(model, 'model')}/versions/{safe_id(version, 'model version')}"
+
+
+def model_versions(model: str) -> str:
+    return f"models/{safe_id(model, 'model')}/versions"
+
+
+def registry(model: str) -> str:
+    return f"models/{safe_id(model, 'model')}/registry.json"
+
+
+def embeddings(model: str, version: str, corpus_name: str) -> str:
+    return (
+        f"embeddings/{safe_id(model, 'model')}/{safe_id(version, 'model version')}/"
+        f"{safe_id(corpus_name, 'corpus')}"
+    )
+
+
+def compile_cache(backend: str, key: str) -> str:
+    """One compile-cache entry; it counts only once its COMMIT marker is written."""
+    return f"{compile_cache_backend(backend)}/{safe_id(key, 'cache key')}"
+
+
+def compile_cache_backend(backend: str) -> str:
+    """A backend's compile cache; for ``neuron`` also ``NEURON_COMPILE_CACHE_URL``, where
+    the Neuron runtime keeps its own NEFF entries beside ours."""
+    return f"compile-cache/{safe_id(backend, 'backend')}"
+
+
+def train_partitions(dataset: str) -> str:
+    """The folder holding a dataset's ``dt=YYYY-MM-DD`` training partitions."""
+    return f"datasets/{safe_id(dataset, 'dataset')}/train"

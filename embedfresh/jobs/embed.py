@@ -1,0 +1,384 @@
+"""The embed job: ``python -m embedfresh.jobs.embed --set version=v1 [--set shards=[0,1]]``.
+
+Per corpus shard ``corpora/{corpus}/part-NNNNN.parquet`` it writes
+``embeddings/{model}/{version}/{corpus}/part-NNNNN.parquet`` (id int64, embedding
+fixed_size_list<float32>[hidden], model_version string; rows in the corpus order) and
+then the shard's commit marker ``part-NNNNN.COMMIT`` (sha256 and size of the part, row
+count, timing; :mod:`embedfresh.core.markers`). A shard whose marker verifies is skipped, so a
+retry redoes only the shards a killed task had not committed, overwriting any partial
+output of those. ``_MANIFEST.json`` is written by the verifier once every shard is in
+(:mod:`embedfresh.jobs.embed_verify`); this job removes a stale one before it writes anything.
+
+A background thread reads, validates and tokenises the next shard(s) while the current
+one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
+a fixed set of padded lengths under a token budget (:mod:`embedfresh.ml.embedding.bucketing`);
+on CPU/CUDA the batches run unpadded through oneDNN (:mod:`embedfresh.ml.embedding.packed`).
+Memory is bounded by the shard size (at most three shards in flight), never by the
+corpus: each commit logs the peak RSS so far, and the report carries ``peak_rss_mib``.
+Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedfresh.core import layout, markers
+from embedfresh.core.cli import main_for
+from embedfresh.core.config import EmbedConfig
+from embedfresh.core.config.embedding import LENGTH_CAP
+from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.shards import MANIFEST, commit_name, corpus_shards, read_corpus_shard
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
+from embedfresh.ml.embedding.encode import EncodeStats, embed_plan
+
+log = logging.getLogger("embedfresh.jobs.embed")
+
+
+@dataclass(frozen=True)
+class PreparedShard:
+    index: int
+    ids: np.ndarray
+    plan: Plan
+    truncated: int
+    read_seconds: float
+
+
+def output_schema(hidden: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), hidden), nullable=False),
+            pa.field("model_version", pa.string(), nullable=False),
+        ]
+    )
+
+
+def shard_bytes(ids: np.ndarray, vectors: np.ndarray, version: str) -> bytes:
+    n, hidden = vectors.shape
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
+    table = pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.int64()),
+            pa.FixedSizeListArray.from_arrays(flat, hidden),
+            pa.array([version] * n, pa.string()),
+        ],
+        schema=output_schema(hidden),
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+class _Prefetcher:
+    """Runs ``load`` over ``items`` in a thread, at most ``depth`` results ahead."""
+
+    _DONE = object()
+
+    def __init__(self, items: list[Any], load: Callable[[Any], Any], depth: int) -> None:
+        self._items = items
+        self._load = load
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="embed-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        for item in self._items:
+            if self._stop.is_set():
+                return
+            try:
+                result = self._load(item)
+            except BaseException as e:  # handed to the consumer, re-raised there
+                self._put(e)
+                return
+            if not self._put(result):
+                return
+        self._put(self._DONE)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=30)
+
+
+def embed(cfg: EmbedConfig) -> dict[str, Any]:
+    """Embed corpus shards with a model version; skip shards already committed."""
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.model import versions
+
+    started = time.perf_counter()
+    store = ArtifactStore(cfg.artifact_root)
+    backend = get_backend(cfg.backend)
+    version = versions.load(store, cfg.model, cfg.version)
+    spec = version.spec
+    hidden = spec.encoder.hidden_size
+    cap = min(spec.encoder.max_position_embeddings, LENGTH_CAP)
+    max_length = min(cfg.max_length or spec.max_length, cap)
+    lengths = padded_lengths(cfg.lengths, max_length)
+
+    corpus_dir = layout.corpus(cfg.corpus)
+    out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
+    available = corpus_shards(store, cfg.corpus)
+    wanted = list(available) if cfg.shards is None else cfg.shards
+    unknown = [i for i in wanted if i not in available]
+    if unknown:
+        raise BadInputError(
+            f"shards {unknown} do not exist in corpus {store.url(corpus_dir)} "
+            f"(it has {len(available)} shards: {list(available)[:10]}...)"
+        )
+
+    skipped, todo = [], []
+    for i in wanted:
+        marker = markers.read_marker(store, out_dir, commit_name(i))
+        if (
+            marker is not None
+            and marker.get("version") == cfg.version
+            and marker.get("quantize", "none") == cfg.quantize
+            and markers.verify(store, out_dir, commit_name(i)).ok
+        ):
+            skipped.append(i)
+        else:
+            todo.append(i)
+    if skipped:
+        log.info("shards %s already committed in %s: skipped", skipped, store.url(out_dir))
+
+    tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
+    # Sorted ids of the shards read so far, to refuse ids repeated across this task's
+    # shards: 8 bytes a row is the only state that grows with the corpus.
+    seen = np.zeros(0, dtype=np.int64)
+    read_so_far: list[int] = []
+
+    def prepare(index: int) -> PreparedShard:
+        nonlocal seen
+        t0 = time.perf_counter()
+        rel = f"{corpus_dir}/{available[index]}"
+        ids, texts = read_corpus_shard(store, rel)
+        if len(seen):
+            at = np.searchsorted(seen, ids).clip(max=len(seen) - 1)
+            common = ids[seen[at] == ids]
+            if len(common):
+                other = _shard_holding(store, corpus_dir, available, read_so_far, common[0])
+                raise BadInputError(
+                    f"corpus shard {store.url(rel)} repeats {len(common)} ids of shard "
+                    f"{other} (e.g. {common[:5].tolist()}): ids must be unique"
+                )
+        merged = np.concatenate([seen, ids])
+        merged.sort()
+        seen = merged
+        read_so_far.append(index)
+        token_ids, truncated = tokenizer(texts)
+        plan = make_batches(token_ids, lengths, cfg.token_budget, static=cfg.static_batches)
+        return PreparedShard(index, ids, plan, truncated, time.perf_counter() - t0)
+
+    model = versions.instantiate(version).to(backend.device)
+    model.eval()
+    report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
+    parity = None
+    if cfg.quantize == "int8":
+        model, parity = _int8_or_refuse(cfg, store, model, backend, tokenizer, lengths, todo)
+        if parity is not None and parity["verdict"] != "PASS":
+            store.write_json(
+                report_rel,
+                {
+                    "status": "refused",
+                    "model": cfg.model,
+                    "run_id": cfg.run_id,
+                    "version": cfg.version,
+                    "corpus": cfg.corpus,
+                    "quantize": cfg.quantize,
+                    "parity": parity,
+                    "shards_requested": wanted,
+                    "shards_done": [],
+                    "shards_skipped": skipped,
+                    **backend.metadata(),
+                },
+            )
+            raise GateRefusedError(
+                f"int8 embeddings refused by the parity gate ({parity['verdict']}): "
+                f"{parity['gate']['reason']}; recall@10 int8 {parity['recall_at_10_int8']} vs "
+                f"fp32 {parity['recall_at_10_fp32']} on {parity['n_queries']} eval queries. "
+                f"Nothing was written to {store.url(out_dir)}; embed with quantize=none "
+                f"(report: {store.url(report_rel)})"
+            )
+    if todo and store.exists(f"{out_dir}/{MANIFEST}"):
+        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
+        store.remove(f"{out_dir}/{MANIFEST}")
+    totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
+    embed_seconds = 0.0
+    stats = EncodeStats()
+    done = []
+    prefetcher = _Prefetcher(todo, prepare, cfg.prefetch)
+    try:
+        for shard in prefetcher:
+            t0 = time.perf_counter()
+            n = len(shard.ids)
+            vectors = embed_plan(model, backend, shard.plan, n, hidden, stats, cfg.packed)
+            seconds = time.perf_counter() - t0
+            embed_seconds += seconds
+            name = layout.part_name(shard.index)
+            data = shard_bytes(shard.ids, vectors, cfg.version)
+            markers.publish(
+                store,
+                out_dir,
+                {name: data},
+                meta={
+                    "kind": "embedding-shard",
+                    "shard": shard.index,
+                    "rows": n,
+                    "hidden": hidden,
+                    "model": cfg.model,
+                    "version": cfg.version,
+                    "corpus": cfg.corpus,
+                    "source": store.url(f"{corpus_dir}/{available[shard.index]}"),
+                    "embed_seconds": round(seconds, 6),
+                    "truncated": shard.truncated,
+                    "real_tokens": shard.plan.real_tokens,
+                    "padded_tokens": shard.plan.padded_tokens,
+                    "quantize": cfg.quantize,
+                    "run_id": cfg.run_id,
+                },
+                name=commit_name(shard.index),
+            )
+            log.info(
+                "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, "
+                "peak RSS %.1f MiB)",
+                shard.index,
+                n,
+                seconds,
+                n / max(seconds, 1e-9),
+                shard.truncated,
+                _peak_rss_mib(),
+            )
+            done.append(shard.index)
+            totals["rows"] += n
+            totals["truncated"] += shard.truncated
+            totals["real_tokens"] += shard.plan.real_tokens
+            totals["padded_tokens"] += shard.plan.padded_tokens
+            totals["batches"] += len(shard.plan.batches)
+    finally:
+        prefetcher.close()
+
+    wall = time.perf_counter() - started
+    report = {
+        "status": "ok",
+        "model": cfg.model,
+        "run_id": cfg.run_id,
+        "version": cfg.version,
+        "version_url": version.url,
+        "corpus": cfg.corpus,
+        "output": store.url(out_dir),
+        "shards_requested": wanted,
+        "shards_done": done,
+        "shards_skipped": skipped,
+        **totals,
+        "padding_efficiency": (
+            round(totals["real_tokens"] / totals["padded_tokens"], 6)
+            if totals["padded_tokens"]
+            else None
+        ),
+        "sentences_per_s": round(totals["rows"] / embed_seconds, 3) if embed_seconds else None,
+        "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
+        "embed_seconds": round(embed_seconds, 6),
+        "wall_seconds": round(wall, 3),
+        "peak_rss_mib": round(_peak_rss_mib(), 1),
+        "max_length": max_length,
+        "lengths": list(lengths),
+        "token_budget": cfg.token_budget,
+        "static_batches": cfg.static_batches,
+        "packed": cfg.packed and backend.device.type in ("cpu", "cuda"),
+        "shapes": sorted([list(s) for s in stats.shapes]),
+        # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
+        "compiles": backend.compiles(),
+        "quantize": cfg.quantize,
+        "parity": parity,
+        **backend.metadata(),
+    }
+    store.write_json(report_rel, report)
+    return {
+        "status": "ok",
+        "rows": totals["rows"],
+        "shards_done": done,
+        "shards_skipped": skipped,
+        "output": store.url(out_dir),
+        "report": store.url(report_rel),
+    }
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak RSS so far: what a memory request must cover. It does not
+    grow with the corpus (shards are streamed), only with the shard size."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _shard_holding(
+    store: ArtifactStore, corpus_dir: str, available: dict[int, str], indices: list[int], id_: int
+) -> str:
+    """Name of the first of ``indices``' corpus shards holding ``id_`` (error path only:
+    re-reads their id columns rather than keeping every shard's ids in memory)."""
+    for i in indices:
+        ids = read_parquet(store, f"{corpus_dir}/{available[i]}").column("id").to_numpy()
+        if (ids == id_).any():
+            return available[i]
+    return "?"
+
+
+def _int8_or_refuse(
+    cfg: EmbedConfig,
+    store: ArtifactStore,
+    model: Any,
+    backend: Any,
+    tokenizer: VariableTokenizer,
+    lengths: tuple[int, ...],
+    todo: list[int],
+) -> tuple[Any, dict[str, Any] | None]:
+    """The int8 model and the parity gate's summary (None when no shard is left to embed,
+    so nothing would be published)."""
+    from embedfresh.ml.embedding.int8 import parity_gate, quantize_int8
+
+    int8 = quantize_int8(model, backend)
+    if not todo:
+        return int8, None
+    _, summary = parity_gate(
+        store, cfg.dataset, model, int8, backend, tokenizer, lengths, cfg.token_budget
+    )
+    return int8, summary
+
+
+if __name__ == "__main__":
+    main_for("embed", EmbedConfig, embed)

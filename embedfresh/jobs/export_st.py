@@ -1,0 +1,236 @@
+"""Export a model version's encoder in the sentence-transformers format:
+``python -m embedfresh.jobs.export_st --set model=minilm --set version=v7``.
+
+Writes ``models/{model}/versions/{version}/sentence-transformers/``: ``config.json``
+(a ``BertModel`` config), ``model.safetensors`` (the encoder's weights under Hugging
+Face's names, which our encoder already uses), the tokenizer (``tokenizer.json``,
+``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json``),
+``modules.json`` (Transformer -> mean Pooling -> Normalize), ``sentence_bert_config.json``
+and ``1_Pooling/config.json``, then a :mod:`embedfresh.core.markers` ``COMMIT`` last. The
+truncation length (``max_seq_length``) defaults to the embed job's, so
+``SentenceTransformer(path).encode(texts)`` gives the job's vectors. A committed export
+that still verifies is left as it is (versions are immutable, and so is this).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from embedfresh.core import layout, markers
+from embedfresh.core.cli import main_for
+from embedfresh.core.config import ExportConfig
+from embedfresh.core.config.embedding import LENGTH_CAP
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.model.presets import ModelSpec
+
+log = logging.getLogger("embedfresh.jobs.export_st")
+
+SUBDIR = "sentence-transformers"
+ENCODER_PREFIX = "encoder."
+
+
+def export_dir(model: str, version: str) -> str:
+    return f"{layout.model_version(model, version)}/{SUBDIR}"
+
+
+def default_max_length(spec: ModelSpec) -> int:
+    """The embed job's truncation length when ``max_length`` is not set."""
+    return min(spec.max_length, spec.encoder.max_position_embeddings, LENGTH_CAP)
+
+
+def _json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def bert_config(spec: ModelSpec) -> dict[str, Any]:
+    """``transformers.BertConfig`` fields of our encoder (exact GELU, absolute positions)."""
+    enc = spec.encoder
+    return {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": enc.vocab_size,
+        "hidden_size": enc.hidden_size,
+        "num_hidden_layers": enc.num_hidden_layers,
+        "num_attention_heads": enc.num_attention_heads,
+        "intermediate_size": enc.intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": enc.dropout,
+        "attention_probs_dropout_prob": enc.dropout,
+        "max_position_embeddings": enc.max_position_embeddings,
+        "type_vocab_size": enc.type_vocab_size,
+        "layer_norm_eps": enc.layer_norm_eps,
+        "initializer_range": 0.02,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "torch_dtype": "float32",
+    }
+
+
+def vocab_txt(tokenizer_json: bytes) -> bytes:
+    """``vocab.txt`` (one WordPiece token per line, in id order) from ``tokenizer.json``."""
+    vocab = json.loads(tokenizer_json)["model"]["vocab"]
+    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in ordered] != list(range(len(ordered))):
+        raise BadInputError("tokenizer.json's vocabulary ids are not 0..n-1")
+    return ("\n".join(tok for tok, _ in ordered) + "\n").encode()
+
+
+def encoder_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    """The encoder's tensors of a relevance model's state dict, under BertModel's names."""
+    out = {
+        k[len(ENCODER_PREFIX) :]: v.detach().to("cpu").contiguous()
+        for k, v in weights.items()
+        if k.startswith(ENCODER_PREFIX)
+    }
+    if "embeddings.word_embeddings.weight" not in out:
+        raise BadInputError("the model version has no encoder weights to export")
+    # BertModel has a pooler (for next-sentence prediction) that mean pooling never
+    # reads; zeros keep transformers from reporting it as missing and randomly initialised.
+    import torch
+
+    hidden = out["embeddings.word_embeddings.weight"].shape[1]
+    out.setdefault("pooler.dense.weight", torch.zeros(hidden, hidden))
+    out.setdefault("pooler.dense.bias", torch.zeros(hidden))
+    return out
+
+
+def st_files(
+    spec: ModelSpec, weights: dict[str, Any], tokenizer_json: bytes, max_seq_length: int
+) -> dict[str, bytes]:
+    """Every file of the sentence-transformers directory, by relative path."""
+    from safetensors.torch import save
+
+    special = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    return {
+        "config.json": _json(bert_config(spec)),
+        "model.safetensors": save(encoder_weights(weights), metadata={"format": "pt"}),
+        "tokenizer.json": tokenizer_json,
+        "vocab.txt": vocab_txt(tokenizer_json),
+        "special_tokens_map.json": _json(special),
+        "tokenizer_config.json": _json(
+            {
+                **special,
+                "tokenizer_class": "BertTokenizer",
+                "do_lower_case": True,
+                "do_basic_tokenize": True,
+                "tokenize_chinese_chars": True,
+                "strip_accents": None,
+                "model_max_length": max_seq_length,
+            }
+        ),
+        "modules.json": _json(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        ),
+        "sentence_bert_config.json": _json(
+            {"max_seq_length": max_seq_length, "do_lower_case": False}
+        ),
+        "config_sentence_transformers.json": _json(
+            {
+                "__version__": {},
+                "prompts": {},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            }
+        ),
+        "1_Pooling/config.json": _json(
+            {
+                "word_embedding_dimension": spec.encoder.hidden_size,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        ),
+        # Object stores have no empty directories; Normalize has no parameters.
+        "2_Normalize/config.json": _json({}),
+    }
+
+
+def export(cfg: ExportConfig) -> dict[str, Any]:
+    """Write the version's encoder as a sentence-transformers model, COMMIT last."""
+    from embedfresh.ml.model import versions
+
+    store = ArtifactStore(cfg.artifact_root)
+    version = versions.load(store, cfg.model, cfg.version)
+    spec = version.spec
+    cap = min(spec.encoder.max_position_embeddings, LENGTH_CAP)
+    max_seq_length = min(cfg.max_seq_length or default_max_length(spec), cap)
+    directory = export_dir(cfg.model, cfg.version)
+    existing = markers.read_marker(store, directory)
+    if existing is not None and markers.verify(store, directory).ok:
+        if existing.get("max_seq_length") != max_seq_length:
+            raise BadInputError(
+                f"{store.url(directory)} is already exported with max_seq_length "
+                f"{existing.get('max_seq_length')}, not {max_seq_length}; exports are immutable"
+            )
+        log.info("%s already exported and verified: left as it is", store.url(directory))
+        return {"status": "ok", "output": store.url(directory), "skipped": True}
+    files = st_files(spec, version.weights, version.tokenizer_json, max_seq_length)
+    markers.publish(
+        store,
+        directory,
+        files,
+        meta={
+            "kind": "sentence-transformers",
+            "model": cfg.model,
+            "version": cfg.version,
+            "version_url": version.url,
+            "max_seq_length": max_seq_length,
+            "hidden": spec.encoder.hidden_size,
+            "run_id": cfg.run_id,
+        },
+    )
+    log.info("exported %s (max_seq_length %d)", store.url(directory), max_seq_length)
+    return {
+        "status": "ok",
+        "output": store.url(directory),
+        "max_seq_length": max_seq_length,
+        "skipped": False,
+    }
+
+
+def local_copy(store: ArtifactStore, model: str, version: str, dest: Path) -> Path:
+    """Copy a committed, verified export to ``dest`` (for ``SentenceTransformer(dest)``)."""
+    directory = export_dir(model, version)
+    check = markers.verify(store, directory)
+    if not check.ok:
+        raise BadInputError(f"{store.url(directory)} is not a usable export: {check.reason}")
+    marker = markers.read_marker(store, directory) or {}
+    for name in marker["files"]:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(store.read_bytes(f"{directory}/{name}"))
+    return dest
+
+
+if __name__ == "__main__":
+    main_for("export_st", ExportConfig, export)

@@ -1,0 +1,175 @@
+"""Backend parity: ``python -m embedfresh.jobs.parity --config parity.yaml``.
+
+Trains the same start version (``init_version``) with identical hyperparameters on
+backend A and backend B (default ``cpu`` and ``xla``), each as its own ``embedfresh.jobs.train``
+process (run ids ``{run_id}-{backend}``), evaluating every ``eval_every`` steps. Then it
+gates B's curve against A's in parity mode (:func:`embedfresh.ml.gate.decision.gate_curve`:
+two-sided |d| < tolerance, with paired bootstrap intervals, at every common evaluation
+point) and writes ``runs/{model}/{run_id}/reports/gate.json`` with the verdict, every
+point, the largest |d| (step and metric), and ``gate.svg`` (max |d| per step against the
+tolerance band). Anything but PASS exits with code 3, like the gate job.
+
+Each side is a separate process because torch-xla, once imported, changes process-wide
+state, and so that a side can be resumed (its run id) after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from embedfresh.core import layout
+from embedfresh.core.cli import main_for
+from embedfresh.core.config import ParityConfig, TrainConfig
+from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError, TransientError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.jobs.gate import load_outcomes, publish_decision
+from embedfresh.jobs.train import eval_step_report
+from embedfresh.ml.gate.decision import CurveResult, gate_curve
+from embedfresh.ml.gate.plot import curve_svg
+
+log = logging.getLogger("embedfresh.jobs.parity")
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_train(cfg: TrainConfig, timeout: float) -> dict[str, Any]:
+    """Run ``python -m embedfresh.jobs.train`` on ``cfg`` as a subprocess; returns its summary.
+
+    Its exit code carries over: 75 (transient) stays retryable, anything else is
+    reported as bad input with the end of the side's stderr.
+    """
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(cfg.model_dump_json())
+        path = f.name
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    log.info("training %s on %s", cfg.run_id, cfg.backend)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "embedfresh.jobs.train", "--config", path],
+            cwd=_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise TransientError(f"training {cfg.run_id} ran past {timeout:.0f} s") from e
+    finally:
+        os.unlink(path)
+    sys.stderr.write(proc.stderr[-4000:] if proc.returncode else "")
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        message = f"training {cfg.run_id} on {cfg.backend} exited {proc.returncode}: {tail[0]}"
+        if proc.returncode == ExitCode.TRANSIENT:
+            raise TransientError(message)
+        raise BadInputError(message)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parity(cfg: ParityConfig) -> dict[str, Any]:
+    """Train on both backends from the same version and gate the two curves."""
+    started = time.perf_counter()
+    store = ArtifactStore(cfg.artifact_root)
+    sides: dict[str, dict[str, Any]] = {}
+    for side in ("a", "b"):
+        tcfg = cfg.train_config(side)
+        summary = run_train(tcfg, cfg.timeout_seconds)
+        train_report = store.read_json(layout.report(cfg.model, tcfg.run_id, "train"))
+        sides[side] = {"cfg": tcfg, "summary": summary, "report": train_report}
+
+    steps_a = {p["step"] for p in sides["a"]["report"].get("eval_curve", [])}
+    steps_b = {p["step"] for p in sides["b"]["report"].get("eval_curve", [])}
+    common = sorted(steps_a & steps_b)
+    if not common:
+        raise BadInputError(
+            f"the two runs share no evaluation step ({sorted(steps_a)} vs {sorted(steps_b)})"
+        )
+    points = [
+        (
+            step,
+            _outcomes(store, cfg, sides["b"]["cfg"], step),
+            _outcomes(store, cfg, sides["a"]["cfg"], step),
+        )
+        for step in common
+    ]
+    curve: CurveResult = gate_curve(
+        points,
+        cfg.metrics,
+        "parity",
+        cfg.tolerance,
+        cfg.resamples,
+        cfg.confidence,
+        cfg.gate_seed,
+    )
+    report_url = publish_decision(
+        store,
+        cfg.model,
+        cfg.run_id,
+        curve_svg(curve),
+        curve.to_dict(),
+        {
+            "init_version": cfg.init_version,
+            "eval_every": cfg.eval_every,
+            "steps": common,
+            "candidate": _side(sides["b"]),
+            "reference": _side(sides["a"]),
+            "curve": [
+                {
+                    "step": p.step,
+                    "verdict": str(p.result.verdict),
+                    "max_abs_d": max(
+                        (abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap), default=None
+                    ),
+                    "d": {m.metric: m.bootstrap.d for m in p.result.metrics if m.bootstrap},
+                }
+                for p in curve.points
+            ],
+        },
+        started,
+    )
+    log.info("parity %s: %s", curve.verdict, curve.reason)
+    if curve.verdict != "PASS":
+        raise GateRefusedError(
+            f"{curve.reason} ({cfg.backend_b} vs {cfg.backend_a}; report {report_url})"
+        )
+    return {
+        "verdict": str(curve.verdict),
+        "reason": curve.reason,
+        "max_abs_d": curve.max_abs_d,
+        "report": report_url,
+    }
+
+
+def _outcomes(
+    store: ArtifactStore, cfg: ParityConfig, side: TrainConfig, step: int
+) -> dict[str, dict[str, Any]]:
+    rel = layout.report(cfg.model, side.run_id, eval_step_report(step))
+    if not store.exists(rel):
+        raise BadInputError(f"run {side.run_id} lacks its evaluation at step {step}")
+    return load_outcomes(store, store.read_json(rel))
+
+
+def _side(side: dict[str, Any]) -> dict[str, Any]:
+    rep, tcfg = side["report"], side["cfg"]
+    return {
+        "backend": tcfg.backend,
+        "run_id": tcfg.run_id,
+        "version": rep["version"],
+        "device": rep.get("device"),
+        "dropout": rep.get("dropout"),
+        "final_loss": rep.get("final_loss"),
+        "eval_curve": rep.get("eval_curve", []),
+    }
+
+
+if __name__ == "__main__":
+    main_for("parity", ParityConfig, parity)

@@ -1,0 +1,173 @@
+"""What a training/evaluation loop needs from an accelerator, and nothing more.
+
+The loops call these hooks at fixed places (move a batch, step the optimizer, mark a
+step, read a scalar), so the same loop runs eagerly on CPU/CUDA and traced on XLA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embedfresh.core.exit_codes import BadInputError
+
+KNOWN = ("auto", "cpu", "cuda", "xla", "neuron")
+NEURON_DEVICE = Path("/dev/neuron0")
+
+
+class Backend:
+    """Eager PyTorch on one device (``cpu`` or ``cuda``)."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        self.name = name
+        self.device = device
+        self.compiled = False
+        self.rank = 0
+        self.world_size = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints, versions and reports."""
+        return self.rank == 0
+
+    def start_distributed(self) -> None:
+        """Join torchrun's process group (gloo on cpu, nccl on cuda) when it started
+        more than one process (``WORLD_SIZE``); a no-op otherwise."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def stop_distributed(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist  # noqa: PLC0415
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` under DistributedDataParallel when there are several ranks (its
+        gradients all-reduced, averaged, during backward); ``module`` itself otherwise."""
+        if self.world_size <= 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order (every rank must call it)."""
+        if self.world_size <= 1:
+            return [obj]
+        import torch.distributed as dist  # noqa: PLC0415
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, device={self.device})"
+
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def loader(
+        self, batches: Iterable[dict[str, torch.Tensor]]
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """``batches`` (host tensors) on the device, in order."""
+        return (self.to_device(batch) for batch in batches)
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def inference(self) -> contextlib.AbstractContextManager[Any]:
+        """No-autograd context for inference (``inference_mode`` where supported)."""
+        return torch.inference_mode()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def mark_step(self) -> None:
+        """End of a traced step; nothing to do in eager mode."""
+
+    def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` under torch.compile (inductor, static shapes); from then on
+        :meth:`compiles` counts dynamo's graphs."""
+        self.compiled = True
+        return torch.compile(fn, dynamic=False)
+
+    def compiles(self) -> int:
+        """Graph compilations so far: dynamo's unique graphs under torch.compile, else 0."""
+        if not self.compiled:
+            return 0
+        from torch._dynamo.utils import counters  # noqa: PLC0415
+
+        return int(counters["stats"]["unique_graphs"])
+
+    def after_step(self, closure: Callable[..., None], *args: Any) -> None:
+        """Run ``closure(*args)`` once the step's values can be read; eager: right now."""
+        closure(*args)
+
+    def device_rng_state(self) -> Any:
+        """The device's own RNG state when it has one apart from torch's (None here)."""
+        return None
+
+    def set_device_rng_state(self, state: Any) -> None:
+        """Restore what :meth:`device_rng_state` returned; nothing to do in eager mode."""
+
+    def seed(self, seed: int) -> None:
+        """Seed the device's own RNG (torch.manual_seed covers eager devices)."""
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "device": str(self.device),
+            "torch": torch.__version__,
+            "world_size": self.world_size,
+        }
+
+
+def detect(
+    env: Mapping[str, str] | None = None,
+    neuron_device: Path = NEURON_DEVICE,
+    cuda_available: Callable[[], bool] = torch.cuda.is_available,
+) -> str:
+    """What ``auto`` means here: Neuron when a Neuron device or ``PJRT_DEVICE=NEURON`` is
+    present, else CUDA when visible, else CPU. Inputs are parameters for testing."""
+    env = os.environ if env is None else env
+    if env.get("PJRT_DEVICE", "").upper() == "NEURON" or neuron_device.exists():
+        return "neuron"
+    return "cuda" if cuda_available() else "cpu"
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; ``auto`` picks one with :func:`detect`."""
+    if name == "auto":
+        name = detect()
+    if name in ("cpu", "cuda"):
+        if name == "cuda" and not torch.cuda.is_available():
+            raise BadInputError("backend 'cuda' requested but no CUDA device is visible")
+        backend = Backend(name, torch.device(name))
+        backend.start_distributed()
+        return backend
+    if name in ("xla", "neuron"):
+        from embedfresh.ml.backends.xla import XlaBackend  # noqa: PLC0415 - imports torch_xla
+
+        return XlaBackend(name)
+    raise BadInputError(f"unknown backend {name!r}: choose one of {', '.join(KNOWN)}")

@@ -1,0 +1,170 @@
+"""The checkpoint manager: interval saves, keep-last-K, commit markers, safe loading.
+
+A checkpoint directory holds ``model.safetensors`` (weights), ``state.pt`` (optimizer,
+LR schedule, RNG states: plain tensors and containers, loaded with
+``torch.load(weights_only=True)`` so nothing in the store runs as code) and
+``meta.json`` (step, data position, config hash). ``COMMIT`` is written last and lists
+the checksums; a directory without a valid one does not exist as far as loading goes.
+Tensors are saved from CPU, so a checkpoint written on any backend loads on any other.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from embedfresh.core import layout, markers
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+WEIGHTS = "model.safetensors"
+STATE = "state.pt"
+META = "meta.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    weights: dict[str, torch.Tensor]
+    state: dict[str, Any]
+    meta: dict[str, Any]
+    url: str
+
+
+def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies of the weights (device-agnostic, safetensors-ready)."""
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+
+
+def weights_bytes(weights: dict[str, torch.Tensor]) -> bytes:
+    return save_safetensors({k: v.contiguous() for k, v in weights.items()})
+
+
+def load_weights_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    return load_safetensors(data)
+
+
+def to_cpu(obj: Any) -> Any:
+    """Recursively move tensors to CPU (optimizer state from an accelerator)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+class CheckpointManager:
+    """Owns one run's checkpoints: where, how often kept, which one loads.
+
+    :param config_hash: identifies model config, hyperparameters and data; a checkpoint
+        with another hash belongs to another job and is refused, not silently reused.
+    """
+
+    def __init__(
+        self, store: ArtifactStore, model: str, run_id: str, keep_last: int, config_hash: str
+    ) -> None:
+        if keep_last < 1:
+            raise BadInputError("keep_last must be >= 1")
+        self.store = store
+        self.model = model
+        self.run_id = run_id
+        self.keep_last = keep_last
+        self.config_hash = config_hash
+        self.directory = layout.checkpoints(model, run_id)
+
+    def _steps(self) -> list[int]:
+        steps = []
+        for name in self.store.listdir(self.directory):
+            m = _STEP_DIR.match(name)
+            if m:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def committed_steps(self) -> list[int]:
+        rel = lambda s: layout.checkpoint(self.model, self.run_id, s)  # noqa: E731
+        return [s for s in self._steps() if self.store.exists(f"{rel(s)}/{markers.COMMIT}")]
+
+    def save(
+        self,
+        step: int,
+        weights: dict[str, torch.Tensor],
+        state: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> str:
+        """Write the checkpoint of ``step``, commit it, then purge stale ones."""
+        directory = layout.checkpoint(self.model, self.run_id, step)
+        buf = io.BytesIO()
+        torch.save(to_cpu(state), buf)
+        files = {
+            WEIGHTS: weights_bytes(weights),
+            STATE: buf.getvalue(),
+            META: json.dumps(
+                {**meta, "step": step, "config_hash": self.config_hash}, sort_keys=True
+            ).encode(),
+        }
+        # An earlier attempt may have died half-way through this very step: its marker
+        # never got written, so overwriting its files is safe.
+        markers.publish(
+            self.store, directory, files, meta={"step": step, "config_hash": self.config_hash}
+        )
+        self._purge(keep_from=step)
+        return self.store.url(directory)
+
+    def _purge(self, keep_from: int) -> None:
+        # Count only checkpoints up to the one just saved: a newer one left by an earlier
+        # attempt (skipped as corrupt on resume) must not push the fresh one out.
+        committed = [s for s in self.committed_steps() if s <= keep_from]
+        keep = set(committed[-self.keep_last :])
+        for step in self._steps():
+            if step in keep or step > keep_from:
+                continue
+            directory = layout.checkpoint(self.model, self.run_id, step)
+            # Marker first: a crash mid-purge leaves an uncommitted (ignored) directory.
+            self.store.remove(f"{directory}/{markers.COMMIT}")
+            self.store.remove(directory, recursive=True)
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies; corrupt ones are skipped with a warning.
+
+        :raises BadInputError: the newest valid checkpoint belongs to another config.
+        """
+        for step in reversed(self.committed_steps()):
+            directory = layout.checkpoint(self.model, self.run_id, step)
+            url = self.store.url(directory)
+            check = markers.verify(self.store, directory)
+            if not check.ok:
+                log.warning("skipping corrupt checkpoint %s: %s", url, check.reason)
+                continue
+            try:
+                meta = json.loads(self.store.read_bytes(f"{directory}/{META}"))
+                weights = load_weights_bytes(self.store.read_bytes(f"{directory}/{WEIGHTS}"))
+                state = torch.load(
+                    io.BytesIO(self.store.read_bytes(f"{directory}/{STATE}")),
+                    map_location="cpu",
+                    weights_only=True,
+                )
+            except Exception as e:  # checksums matched but the content does not parse
+                log.warning("skipping unreadable checkpoint %s: %s", url, e)
+                continue
+            if meta.get("config_hash") != self.config_hash:
+                raise BadInputError(
+                    f"checkpoint {url} was written by another configuration "
+                    f"(config hash {meta.get('config_hash')}, this run {self.config_hash}): "
+                    "model config, hyperparameters or data changed under the same run id; "
+                    "start a new run id"
+                )
+            return Checkpoint(step=step, weights=weights, state=state, meta=meta, url=url)
+        return None

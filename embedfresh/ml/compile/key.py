@@ -1,0 +1,57 @@
+"""The compile-cache key: what, if it changed, would make cached graphs wrong or unused.
+
+It hashes the model config (architecture), the batch shape and sequence length of the
+training and evaluation steps, what else changes the traced program (contrastive term,
+dropout, data-parallel world size), the backend, the compile mode and flags, and the
+versions of every library that generates code (python, torch, torch-xla, Neuron's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+from embedfresh.core.config import TrainConfig
+from embedfresh.ml.model.presets import get_spec
+
+#: Distributions whose version changes generated code, where installed.
+_LIBRARIES = ("torch", "torch-xla", "torch-neuronx", "neuronx-cc", "triton")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0], "machine": platform.machine()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> dict[str, Any]:
+    """Everything the key hashes, as the compile report shows it."""
+    spec = get_spec(cfg.model)
+    return {
+        "model": cfg.model,
+        "model_fingerprint": spec.fingerprint(),
+        "batch_shape": [cfg.batch_size or spec.default_batch_size, spec.max_length],
+        "sequence_length": spec.max_length,
+        "eval_batch_size": cfg.eval_batch_size,
+        "contrastive": cfg.contrastive_weight > 0,
+        "dropout": cfg.dropout,
+        "world_size": world_size,
+        "backend": backend,
+        "mode": mode,
+        "flags": cfg.neuron_cc_flags if backend == "neuron" else "dynamic=False",
+        "versions": library_versions(),
+    }
+
+
+def cache_key(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> str:
+    """Short hex digest of :func:`key_parts`."""
+    blob = json.dumps(key_parts(cfg, backend, mode, world_size), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]

@@ -1,0 +1,89 @@
+"""Texts to unit vectors in memory: length bucketing (:mod:`embedfresh.ml.embedding.bucketing`)
+and the model's ``embed``, or on eager CPU/CUDA its unpadded twin
+(:mod:`embedfresh.ml.embedding.packed`). The embed job runs it per corpus shard; the int8 parity gate
+and ``bench/embeddings.py`` run it on plain lists of texts, without the store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from embedfresh.ml.backends import Backend
+
+
+@dataclass
+class EncodeStats:
+    """What :func:`embed_plan` saw: the distinct input shapes."""
+
+    shapes: set[tuple[int, int]] = field(default_factory=set)
+
+
+def embed_plan(
+    model: nn.Module,
+    backend: Backend,
+    plan: Plan,
+    rows: int,
+    hidden: int,
+    stats: EncodeStats | None = None,
+    packed: bool = True,
+) -> np.ndarray:
+    """Run every batch of ``plan`` through ``model.embed``; float32 [rows, hidden] in the
+    original text order, L2-normalised. ``packed``: on a CPU/CUDA device, the unpadded
+    forward of :func:`embedfresh.ml.embedding.packed.packed_embed` instead (same vectors; never on
+    XLA/Neuron, which need the static shapes)."""
+    import torch
+    import torch.nn.functional as F
+
+    from embedfresh.ml.embedding.packed import packed_embed
+
+    if packed and backend.device.type in ("cpu", "cuda"):
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return packed_embed(model.encoder, ids, mask)
+    else:
+        forward = model.embed
+
+    vectors = np.zeros((rows, hidden), dtype=np.float32)
+    with backend.inference():  # no_grad on XLA: inference tensors break its graphs
+        for batch in plan.batches:
+            dev = backend.to_device(
+                {
+                    "ids": torch.from_numpy(batch.input_ids),
+                    "mask": torch.from_numpy(batch.attention_mask),
+                }
+            )
+            with backend.autocast():
+                out = forward(dev["ids"], dev["mask"])
+            # Normalise the whole static batch, then drop the padding rows on the host: a
+            # slice to ``batch.real`` on the device would be one more XLA graph per count.
+            out = F.normalize(out.float(), p=2, dim=1)
+            backend.mark_step()
+            vectors[batch.index] = out.to("cpu").numpy()[: batch.real]
+            if stats is not None:
+                stats.shapes.add(tuple(batch.input_ids.shape))
+    return vectors
+
+
+def embed_texts(
+    model: nn.Module,
+    backend: Backend,
+    tokenizer: VariableTokenizer,
+    texts: Sequence[str],
+    lengths: Sequence[int],
+    token_budget: int,
+    hidden: int,
+    static: bool = True,
+    packed: bool = True,
+) -> np.ndarray:
+    """Tokenise, bucket and embed ``texts``; float32 [len(texts), hidden] in their order."""
+    token_ids, _ = tokenizer(texts)
+    plan = make_batches(token_ids, lengths, token_budget, static=static)
+    return embed_plan(model, backend, plan, len(texts), hidden, packed=packed)
