@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
+
 from embedfresh.operators import BackendParityOperator
 from embedfresh.operators.params import artifact_root_param, backend_param, model_param
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
+
 from embedfresh.operators import (
     BatchEmbeddingOperator,
     CorpusShardsOperator,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
+
 from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, CronTriggerTimetable, Param
+
 from embedfresh.operators import AcceleratorHealthOperator
 from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
 

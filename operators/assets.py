@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset, AssetAlias
+
 from embedfresh.operators.base import EmbedfreshJobOperator
 
 #: Alias the promote task emits model Assets through when the model is only known at

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from embedfresh.core.exit_codes import ExitCode
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.runners import (
@@ -23,8 +25,6 @@ from embedfresh.operators.runners import (
     LocalRunner,
     Runner,
 )
-
-from embedfresh.core.exit_codes import ExitCode
 
 #: Exit codes that mean retrying cannot help: fail the task for good.
 NO_RETRY_EXIT_CODES: dict[int, str] = {

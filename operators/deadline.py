@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback
+
 from embedfresh.operators.params import DEFAULT_MODEL, default_artifact_root
 
 log = logging.getLogger(__name__)

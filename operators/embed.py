@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
+
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     EMBEDDINGS_ASSET_URI,

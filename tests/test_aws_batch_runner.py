@@ -24,6 +24,8 @@ from unittest import mock
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from embedfresh.core.config import JobConfig
 from embedfresh.operators import (
     AwsBatchRunner,
     BatchSettings,
@@ -33,8 +35,6 @@ from embedfresh.operators import (
 )
 from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
 from embedfresh.operators.runners.aws_batch import EVALUATE_ON_EXIT, job_result
-
-from embedfresh.core.config import JobConfig
 from tests.conftest import ROOT
 
 REGION = "us-east-1"

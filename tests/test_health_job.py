@@ -343,6 +343,7 @@ def test_the_operator_fails_without_retry_when_a_rank_is_faulty_under_torchrun(
 ) -> None:
     """Through the operator and the local runner (embedfresh.jobs.launch): exit 4 stays 4, not torchrun's 1."""
     from airflow.sdk.exceptions import AirflowFailException
+
     from embedfresh.operators import AcceleratorHealthOperator
 
     for key, value in job_env().items():

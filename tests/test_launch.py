@@ -61,6 +61,7 @@ def test_killing_the_local_runner_ends_every_torchrun_worker(tmp_path: Path) -> 
     import time
 
     import psutil
+
     from embedfresh.operators.runners import LocalRunner
 
     worker = tmp_path / "sleeper.py"

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from embedfresh.core.config import parse_override
 from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
@@ -34,8 +36,6 @@ from embedfresh.operators import (
 )
 from embedfresh.operators.deadline import DEADLINE_ENV, deadline_interval, record_deadline_breach
 from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS
-
-from embedfresh.core.config import parse_override
 from tests.conftest import ROOT
 
 PY = "/usr/bin/python3"
@@ -427,6 +427,7 @@ def test_verify_outlets_are_the_embeddings_asset_or_the_alias_when_templated():
 
 def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path: Path):
     from airflow.sdk.exceptions import AirflowFailException as Fail
+
     from embedfresh.operators import (
         CorpusShardsOperator,
         ResolveModelVersionOperator,

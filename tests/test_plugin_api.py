@@ -104,6 +104,7 @@ def test_forged_token_and_unauthorised_user_are_refused(auth, store: Path):
 
 def test_the_login_cookie_authenticates(auth, store: Path):
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
     from embedfresh.plugins.model_quality import create_app
 
     c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
@@ -331,9 +332,9 @@ def test_parity_curve_draws_one_line_per_metric_over_the_steps(client: TestClien
 
 def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
     import boto3
-    from embedfresh.plugins.model_quality import create_app
 
     from embedfresh.core.storage import ArtifactStore
+    from embedfresh.plugins.model_quality import create_app
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="model-quality")
     root = "s3://model-quality/prod"

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from embedfresh.core.exit_codes import ExitCode
 from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.runners.base import JobResult
 from embedfresh.operators.runners.local import DEFAULT_ENV
-
-from embedfresh.core.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.batch_client import BatchClientHook

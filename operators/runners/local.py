@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psutil
+
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.runners.base import JobResult
 

@@ -13,10 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from embedfresh.plugins.model_quality import reports
-from embedfresh.plugins.model_quality.chart import curve_chart
-from embedfresh.plugins.model_quality.page import message_page, render_page
-from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,6 +20,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.plugins.model_quality import reports
+from embedfresh.plugins.model_quality.chart import curve_chart
+from embedfresh.plugins.model_quality.page import message_page, render_page
+from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param
+
 from embedfresh.operators import (
     AcceleratorHealthOperator,
     BatchEmbeddingOperator,
