@@ -65,7 +65,6 @@ def airflow_env(home: Path, root: str) -> dict[str, str]:
         EMBEDFRESH_ARTIFACT_ROOT=root,
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
     return env

@@ -26,7 +26,6 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         # One intra-op thread: on a small shared box, two OpenMP threads spin against any
         # other load and a training step gets ~15x slower (measured: 4 s vs 60 s a run).
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),

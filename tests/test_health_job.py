@@ -50,7 +50,7 @@ def _torchrun(*sets: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 def _fault_env(fault: str) -> dict[str, str]:
-    return {"HEALTH_FAULT": fault, "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}"}
+    return {"HEALTH_FAULT": fault, "PYTHONPATH": str(FAULTS)}
 
 
 def _error_line(result: subprocess.CompletedProcess) -> str:

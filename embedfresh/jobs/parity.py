@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from embedfresh.core import layout
@@ -37,8 +36,6 @@ from embedfresh.ml.gate.plot import curve_svg
 
 log = logging.getLogger("embedfresh.jobs.parity")
 
-_ROOT = Path(__file__).resolve().parent.parent
-
 
 def run_train(cfg: TrainConfig, timeout: float) -> dict[str, Any]:
     """Run ``python -m embedfresh.jobs.train`` on ``cfg`` as a subprocess; returns its summary.
@@ -49,14 +46,10 @@ def run_train(cfg: TrainConfig, timeout: float) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         f.write(cfg.model_dump_json())
         path = f.name
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     log.info("training %s on %s", cfg.run_id, cfg.backend)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "embedfresh.jobs.train", "--config", path],
-            cwd=_ROOT,
-            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
