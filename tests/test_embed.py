@@ -18,11 +18,11 @@ import torch
 
 from embedfresh.core import cli, layout
 from embedfresh.core.config import EmbedConfig
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.embed import embed
 from embedfresh.jobs.embed_verify import verify
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.data.reader import read_parquet
 from embedfresh.ml.embedding.bucketing import make_batches, padded_lengths
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedfresh.core import layout
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.data.reader import read_parquet
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec, minilm_dir
 from tests.conftest import run_job

@@ -20,16 +20,10 @@ from embedfresh.core import layout
 from embedfresh.core.config import EvaluateConfig, GateConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.jobs.evaluate import (
-    ALL_PRODUCTS,
-    POOL_SEED,
-    EvalSet,
-    evaluate,
-    recall_at_k,
-    recall_pools,
-)
+from embedfresh.jobs.evaluate import evaluate
 from embedfresh.jobs.gate import run_gate
 from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.evaluation import ALL_PRODUCTS, POOL_SEED, EvalSet, recall_at_k, recall_pools
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
 from embedfresh.ml.model.tokenizer import TextTokenizer

@@ -19,11 +19,11 @@ import pytest
 
 from embedfresh.core import cli, layout, markers
 from embedfresh.core.config import EmbedConfig
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.embed import embed
 from embedfresh.jobs.export_st import export_dir, local_copy
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.data.reader import read_parquet
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
 from tests.conftest import run_job

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.jobs.gate import ensure_baseline, load_outcomes
+from embedfresh.ml.gate.outcomes import load_outcomes
+from embedfresh.ml.model.versions import ensure_baseline
 from tests.conftest import run_job
 from tests.test_train_resume import weights_sha
 

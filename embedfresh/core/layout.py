@@ -69,6 +69,11 @@ def report(model: str, run_id: str, kind: str) -> str:
     return f"{run_dir(model, run_id)}/reports/{safe_id(kind, 'report kind')}.json"
 
 
+def eval_step_report(step: int) -> str:
+    """Report kind of the evaluation at training step ``step`` (``reports/{kind}.json``)."""
+    return f"eval-step-{step:08d}"
+
+
 def reports(model: str, run_id: str) -> str:
     return f"{run_dir(model, run_id)}/reports"
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import read_parquet
 
 PART = re.compile(r"^part-(\d{5})\.parquet$")
 MANIFEST = "_MANIFEST.json"

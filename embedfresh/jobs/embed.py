@@ -39,9 +39,9 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.config.embedding import LENGTH_CAP
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.shards import MANIFEST, commit_name, corpus_shards, read_corpus_shard
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import read_parquet
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import EncodeStats, embed_plan
 

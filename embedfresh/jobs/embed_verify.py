@@ -23,6 +23,7 @@ from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.shards import (
     MANIFEST,
     commit_name,
@@ -31,7 +32,6 @@ from embedfresh.core.shards import (
     read_corpus_shard,
 )
 from embedfresh.core.storage import ArtifactStore, sha256_bytes
-from embedfresh.ml.data.reader import read_parquet
 
 log = logging.getLogger("embedfresh.jobs.embed_verify")
 

@@ -11,13 +11,9 @@ registry is not touched here (:mod:`embedfresh.jobs.promote` moves it, only afte
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import os
 import time
 from typing import Any
-
-import numpy as np
 
 from embedfresh.core import layout
 from embedfresh.core.cli import main_for
@@ -25,9 +21,11 @@ from embedfresh.core.config import EvaluateConfig, GateConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.evaluation import evaluate_version
 from embedfresh.ml.gate.decision import GateResult, gate
+from embedfresh.ml.gate.outcomes import load_outcomes, pool_definition
 from embedfresh.ml.gate.plot import intervals_svg
+from embedfresh.ml.gate.publish import publish_decision
 from embedfresh.ml.model import versions
 
 log = logging.getLogger("embedfresh.jobs.gate")
@@ -36,112 +34,13 @@ CANDIDATE_REPORT = "eval"
 REFERENCE_REPORT = "eval-reference"
 
 
-def ensure_baseline(store: ArtifactStore, model: str, name: str, seed: int) -> str:
-    """Publish the base weights as version ``name`` once; returns its name."""
-    if versions.is_committed(store, model, name) is not None:
-        return name
-    from embedfresh.ml.model.presets import get_spec
-
-    spec = get_spec(model)
-    net = versions.build_model(spec, seed)
-    source = versions.load_base_weights(net)
-    from embedfresh.ml.checkpoint import cpu_state_dict
-
-    versions.publish(store, spec, name, cpu_state_dict(net), {"baseline": True, "weights": source})
-    log.info("published baseline version %s (%s)", name, source)
-    return name
-
-
-def load_outcomes(store: ArtifactStore, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per-example arrays of an eval report, grouped as the gate expects."""
-    try:
-        examples_url, queries_url = report["outcomes"]["examples"], report["outcomes"]["queries"]
-    except (KeyError, TypeError) as e:
-        raise BadInputError(f"eval report lacks its outcomes: {e}") from e
-    tables = {}
-    for key, url in (("examples", examples_url), ("queries", queries_url)):
-        rel = url.removeprefix(store.url("")).lstrip("/")
-        try:
-            tables[key] = read_parquet(store, rel)
-        except (FileNotFoundError, BadInputError) as e:
-            raise BadInputError(
-                f"eval outcomes {url} are missing or unreadable ({e}): run the evaluate job again"
-            ) from e
-    ex, qs = tables["examples"], tables["queries"]
-    return {
-        "relevance": {
-            "example_id": _pair_id(
-                ex.column("query_id").to_numpy(), ex.column("product_id").to_numpy()
-            ),
-            "label": ex.column("label").to_numpy(),
-            "prob": ex.column("prob").to_numpy(),
-        },
-        "retrieval": {
-            "query_id": qs.column("query_id").to_numpy(),
-            "recall_at_10": qs.column("recall_at_10").to_numpy(),
-        },
-    }
-
-
-def _pair_id(query_ids: np.ndarray, product_ids: np.ndarray) -> np.ndarray:
-    """One 64-bit id per (query, product) pair, to check both sides hold the same rows."""
-    with np.errstate(over="ignore"):
-        return (query_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ product_ids.astype(
-            np.uint64
-        )
-
-
-def pool_definition(report: dict[str, Any]) -> dict[str, Any]:
-    """The recall@10 pool definition an eval report was made with (reports written
-    before ``recall_pool`` ranked among all products)."""
-    from embedfresh.jobs.evaluate import ALL_PRODUCTS
-
-    return report.get("recall_pool") or dict(ALL_PRODUCTS)
-
-
 def _eval_report(store: ArtifactStore, cfg: GateConfig, name: str) -> dict[str, Any] | None:
     rel = layout.report(cfg.model, cfg.run_id, name)
     return store.read_json(rel) if store.exists(rel) else None
 
 
-def publish_decision(
-    store: ArtifactStore,
-    model: str,
-    run_id: str,
-    svg: str,
-    decision: dict[str, Any],
-    details: dict[str, Any],
-    started: float,
-) -> str:
-    """Write a gate decision's plot and ``reports/gate.json``; return the report's URL.
-
-    Shared by the quality gate and the backend parity job, so every decision carries the
-    same identification (model, run, DAG, time) that the web UI lists and links.
-    """
-    base = layout.reports(model, run_id)
-    svg_rel = f"{base}/gate.svg"
-    store.write_bytes(svg_rel, svg.encode())
-    report = {
-        **decision,
-        "model": model,
-        "run_id": run_id,
-        # Set by Airflow's task runner in the environment the local runner passes on:
-        # lets the web UI link the decision to its DAG run.
-        "dag_id": os.environ.get("AIRFLOW_CTX_DAG_ID"),
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **details,
-        "plot": store.url(svg_rel),
-        "wall_seconds": round(time.perf_counter() - started, 3),
-    }
-    report_rel = layout.report(model, run_id, "gate")
-    store.write_json(report_rel, report)
-    return store.url(report_rel)
-
-
 def run_gate(cfg: GateConfig) -> dict[str, Any]:
     """Gate the run's candidate against its reference; exit 3 unless PASS."""
-    from embedfresh.jobs.evaluate import evaluate
-
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
     registry = Registry(store, cfg.model)
@@ -150,7 +49,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         if production is not None:
             ref_version, source = production, "production"
         else:
-            ref_version = ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
+            ref_version = versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
             source = "baseline"
     else:
         ref_version, source = cfg.reference, "pinned"
@@ -172,7 +71,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         or reference.get("version") != ref_version
         or reference.get("dataset") != cfg.dataset
     ):
-        evaluate(
+        reference, _ = evaluate_version(
             EvaluateConfig(
                 artifact_root=cfg.artifact_root,
                 model=cfg.model,
@@ -185,7 +84,6 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
                 recall_pool=pool_definition(candidate)["size"],
             )
         )
-        reference = _eval_report(store, cfg, REFERENCE_REPORT)
     if reference.get("dataset") != candidate.get("dataset"):
         raise BadInputError("candidate and reference were evaluated on different data sets")
     cand_pool, ref_pool = pool_definition(candidate), pool_definition(reference)

@@ -29,10 +29,10 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import ParityConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError, TransientError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.jobs.gate import load_outcomes, publish_decision
-from embedfresh.jobs.train import eval_step_report
 from embedfresh.ml.gate.decision import CurveResult, gate_curve
+from embedfresh.ml.gate.outcomes import load_outcomes
 from embedfresh.ml.gate.plot import curve_svg
+from embedfresh.ml.gate.publish import publish_decision
 
 log = logging.getLogger("embedfresh.jobs.parity")
 
@@ -145,7 +145,7 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
 def _outcomes(
     store: ArtifactStore, cfg: ParityConfig, side: TrainConfig, step: int
 ) -> dict[str, dict[str, Any]]:
-    rel = layout.report(cfg.model, side.run_id, eval_step_report(step))
+    rel = layout.report(cfg.model, side.run_id, layout.eval_step_report(step))
     if not store.exists(rel):
         raise BadInputError(f"run {side.run_id} lacks its evaluation at step {step}")
     return load_outcomes(store, store.read_json(rel))

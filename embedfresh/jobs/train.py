@@ -259,7 +259,7 @@ class EvalPoints:
         tokenizer: TextTokenizer,
         curve: list[dict[str, Any]],
     ) -> None:
-        from embedfresh.jobs.evaluate import EvalSet  # noqa: PLC0415 - only when evaluating
+        from embedfresh.ml.evaluation import EvalSet  # noqa: PLC0415 - only when evaluating
 
         self.cfg, self.store, self.backend = cfg, store, backend
         self.data = EvalSet.load(store, cfg.dataset, tokenizer)
@@ -271,7 +271,7 @@ class EvalPoints:
         return done % self.cfg.eval_every == 0 or done == total
 
     def __call__(self, model: RelevanceModel, done: int, version: str) -> None:
-        from embedfresh.jobs.evaluate import evaluate_model, write_outcomes  # noqa: PLC0415
+        from embedfresh.ml.evaluation import evaluate_model, write_outcomes  # noqa: PLC0415
 
         started = time.perf_counter()
         compiles_before = self.backend.compiles()
@@ -284,7 +284,7 @@ class EvalPoints:
             set_rng_state(saved, self.backend)
             model.train()
         self.compiles += self.backend.compiles() - compiles_before
-        cfg, name = self.cfg, eval_step_report(done)
+        cfg, name = self.cfg, layout.eval_step_report(done)
         outcomes = write_outcomes(self.store, cfg.model, cfg.run_id, name, tables)
         seconds = time.perf_counter() - started
         self.seconds += seconds
@@ -322,11 +322,6 @@ class ScoreAndEmbed(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.model.score_and_embed(*args)
-
-
-def eval_step_report(step: int) -> str:
-    """Report name of the evaluation at ``step`` (``reports/{name}.json``)."""
-    return f"eval-step-{step:08d}"
 
 
 def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) -> dict[str, Any]:

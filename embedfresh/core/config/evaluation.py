@@ -21,7 +21,7 @@ class EvaluateConfig(JobConfig):
     """Report file name under the run's reports/ (``eval`` -> ``eval.json``)."""
     recall_pool: int | None = Field(default=100, gt=10)
     """recall@10 per query among its relevant products plus a fixed, seeded sample of
-    negatives, this many in all (:func:`embedfresh.jobs.evaluate.recall_pools`; why 100: docs/GATE.md).
+    negatives, this many in all (:func:`embedfresh.ml.evaluation.recall_pools`; why 100: docs/GATE.md).
     None: among all eval products."""
 
     @field_validator("dataset", "version", "report_name")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.data.schema import EXAMPLE_SCHEMA, FEATURES, product_text
 
@@ -77,28 +77,6 @@ def _read_directory(store: ArtifactStore, directory: str, what: str) -> tuple[pa
     if table.num_rows == 0:
         raise BadInputError(f"empty {what}: {store.url(directory)} has no rows")
     return table, sources
-
-
-def read_parquet(store: ArtifactStore, rel: str) -> pa.Table:
-    """Read one Parquet object whole into Arrow-owned memory, then parse it.
-
-    Not ``pq.read_table(python_file_or_bytes)``: its scanner threads may drop the last
-    reference to the Python-backed source after the call returns, and doing so needs
-    the GIL; at interpreter exit that thread is killed inside a C++ destructor and the
-    job dies with SIGABRT ("terminate called without an active exception") instead of
-    its exit code (apache/arrow#34314; seen here in about half the runs once torch is
-    imported). Memory owned by Arrow needs no GIL to free.
-
-    :raises BadInputError: the object is not a readable Parquet file.
-    """
-    data = store.read_bytes(rel)
-    out = pa.BufferOutputStream()
-    out.write(data)
-    del data
-    try:
-        return pq.read_table(pa.BufferReader(out.getvalue()))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise BadInputError(f"{store.url(rel)} is not a readable Parquet file: {e}") from e
 
 
 def _read_part(store: ArtifactStore, rel: str) -> pa.Table:

@@ -3,7 +3,7 @@
 
 The gate embeds the eval split's queries and products twice with the job's own path
 (bucketing, same truncation), fp32 and int8, computes recall@10 per query with
-:func:`embedfresh.jobs.evaluate.recall_at_k` and runs the paired bootstrap of
+:func:`embedfresh.ml.evaluation.recall_at_k` and runs the paired bootstrap of
 :func:`embedfresh.ml.gate.decision.gate` in ``parity`` mode (tolerance 0.001, the 0.1% SLA).
 Only PASS lets the job write; anything else is a :class:`GateRefusedError` (exit 3).
 """
@@ -74,13 +74,13 @@ def parity_gate(
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> tuple[GateResult, dict[str, Any]]:
     """Recall@10 on the eval split of ``dataset``, int8 against fp32, in parity mode."""
-    from embedfresh.jobs.evaluate import (
+    from embedfresh.ml.data.reader import read_eval
+    from embedfresh.ml.evaluation import (
         DEFAULT_RECALL_POOL,
         _retrieval_sets,
         recall_at_k,
         recall_pools,
     )
-    from embedfresh.ml.data.reader import read_eval
 
     examples = read_eval(store, dataset)
     query_ids, query_texts, _, product_texts, relevant = _retrieval_sets(examples)

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.checkpoint import load_weights_bytes, weights_bytes
+from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes, weights_bytes
 from embedfresh.ml.model.encoder import BertEncoder
-from embedfresh.ml.model.presets import ModelSpec, minilm_dir, tokenizer_file
+from embedfresh.ml.model.presets import ModelSpec, get_spec, minilm_dir, tokenizer_file
 from embedfresh.ml.model.relevance import RelevanceModel
 
 log = logging.getLogger(__name__)
@@ -133,3 +133,16 @@ def instantiate(version: ModelVersion) -> RelevanceModel:
     model = RelevanceModel(version.spec)
     model.load_state_dict(version.weights, strict=True)
     return model
+
+
+def ensure_baseline(store: ArtifactStore, model: str, name: str, seed: int) -> str:
+    """Publish the base weights as version ``name`` once; returns its name."""
+    if is_committed(store, model, name) is not None:
+        return name
+
+    spec = get_spec(model)
+    net = build_model(spec, seed)
+    source = load_base_weights(net)
+    publish(store, spec, name, cpu_state_dict(net), {"baseline": True, "weights": source})
+    log.info("published baseline version %s (%s)", name, source)
+    return name
