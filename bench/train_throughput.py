@@ -6,10 +6,11 @@ Run on demand, not in CI::
     .venv/bin/python bench/train_throughput.py [--models tiny,minilm] [--rounds 5]
         [--threads 2] [--no-append]
 
-What it drives: the train job's own step loop, :func:`embedfresh.jobs.train._loop`, called in
-chunks of steps on the job's own pieces (:func:`embedfresh.ml.model.versions.build_model`,
-:func:`embedfresh.jobs.train.make_optimizer` / ``make_schedule``, :class:`embedfresh.jobs.train.TrainingSet`
-from a generated partition read back by :func:`embedfresh.ml.data.reader.read_train`), with the
+What it drives: the train job's own step loop, :meth:`embedfresh.ml.training.Trainer.run`,
+called in chunks of steps on the job's own pieces (:func:`embedfresh.ml.model.versions.build_model`,
+:func:`embedfresh.ml.training.make_optimizer` / ``make_schedule``,
+:class:`embedfresh.ml.training.TrainingSet` from a generated partition read back by
+:func:`embedfresh.ml.data.reader.read_train`), with the
 model config's batch size and padded length. Checkpointing and logging are pushed past
 the end (``checkpoint_every``/``log_every`` huge), so a chunk times forward, the
 relevance + in-batch contrastive loss, backward, gradient clipping, AdamW and the LR
@@ -84,10 +85,10 @@ class Trainer:
 
 def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> Trainer:
     """The train job's model, optimizer, schedule and data for ``model_name``, stepped
-    by :func:`embedfresh.jobs.train._loop`. ``variant``: ``eager`` or ``compiled``."""
+    by :meth:`embedfresh.ml.training.Trainer.run`. ``variant``: ``eager`` or ``compiled``."""
     from embedfresh.core.config import TrainConfig
     from embedfresh.core.storage import ArtifactStore
-    from embedfresh.jobs import train as train_job
+    from embedfresh.ml import training
     from embedfresh.ml.backends import get_backend
     from embedfresh.ml.checkpoint import CheckpointManager
     from embedfresh.ml.data.reader import read_train
@@ -112,34 +113,27 @@ def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> T
     examples = read_train(store, cfg.dataset, DAY, cfg.interval_end)
     batch_size = spec.default_batch_size
     per_epoch = len(examples) // batch_size
-    data = train_job.TrainingSet.build(examples, TextTokenizer(tokenizer_file(), spec.max_length))
+    plan = training.TrainPlan(batch_size, 1, per_epoch, max_total, "bench")
+    data = training.TrainingSet.build(examples, TextTokenizer(tokenizer_file(), spec.max_length))
     model = versions.build_model(spec, cfg.seed)
     init = {"source": "base", "weights": versions.load_base_weights(model)}
-    optimizer = train_job.make_optimizer(model, cfg, incremental=False)
-    schedule = train_job.make_schedule(optimizer, cfg.warmup_steps, max_total)
-    manager = CheckpointManager(store, model_name, cfg.run_id, cfg.keep_last, "bench")
-    loss_curve: list[list[float]] = []
+    optimizer = training.make_optimizer(model, cfg, incremental=False)
+    schedule = training.make_schedule(optimizer, cfg.warmup_steps, max_total)
+    manager = CheckpointManager(
+        store, model_name, cfg.run_id, cfg.keep_last, plan.config_hash, cfg.checkpoint_every
+    )
     forward = model.score_and_embed
     if variant == "compiled":  # as the train job does with compile=on
         forward = backend.compile(forward)
+    trainer = training.Trainer(
+        cfg, backend, model, forward, optimizer, schedule, data, plan, manager
+    )
+    state = training.TrainState(plan.per_epoch, plan.samples_per_step, init)
 
     def run(first: int, last: int) -> None:
-        train_job._loop(
-            cfg,
-            backend,
-            model,
-            forward,
-            optimizer,
-            schedule,
-            data,
-            manager,
-            first,
-            last,
-            per_epoch,
-            batch_size,
-            init,
-            loss_curve,
-        )
+        if state.step != first:  # chunks run back to back on one state
+            raise RuntimeError(f"chunk starts at step {first}, the state is at {state.step}")
+        trainer.run(state, until=last)
 
     return Trainer(variant, run, batch_size, backend.compiles)
 
@@ -228,7 +222,7 @@ def bench_model(
         warm_compiles[v] = t.compiles()
         if v == "compiled" and t.compiles() == 0:
             notes.append(
-                f"{model_name}: `compile=on` compiled no graph through `embedfresh.jobs.train._loop` "
+                f"{model_name}: `compile=on` compiled no graph through `embedfresh.ml.training.Trainer.run` "
                 "in this checkout: compiled variant dropped"
             )
             del trainers[v]
@@ -327,7 +321,7 @@ def main() -> None:
         f"Command: `{command_line()}`",
         f"Machine: {machine()}; {args.threads} torch threads",
         f"Date: {dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}; {NOISY}",
-        "Drives the train job's step loop (`embedfresh.jobs.train._loop`) in chunks on the job's own "
+        "Drives the train job's step loop (`embedfresh.ml.training.Trainer.run`) in chunks on the job's own "
         "model, AdamW, LR schedule and fixed batch shapes (batch 32; padded length 32 tiny, "
         "64 minilm); a sample is one (query, product) pair, two encoder sequences",
         f"Rounds: {args.rounds}, chunks of {', '.join(f'{m} {CHUNK[m]}' for m in results)} "

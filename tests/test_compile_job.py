@@ -151,7 +151,7 @@ def test_neuron_trial_runs_under_neuron_parallel_compile(
     real = TrainConfig.model_validate(
         {**dict(s.split("=", 1) for s in sets), "data_interval_start": str(DAY2)}
     )
-    from embedfresh.jobs.train import prepare_compile
+    from embedfresh.ml.training import prepare_compile
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "environ", {})

@@ -115,7 +115,7 @@ from embedfresh.ml.backends import get_backend
 from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict, to_cpu
 from embedfresh.ml.model import versions
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.jobs.train import make_optimizer
+from embedfresh.ml.training import make_optimizer
 
 root, version, run_id = sys.argv[1:]
 store = ArtifactStore(root)

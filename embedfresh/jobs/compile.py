@@ -178,15 +178,19 @@ def _run_trial(
     """Run the trial; returns the entry's files and the figures it found."""
     report_rel = layout.report(trial_cfg.model, trial_cfg.run_id, "train")
     if mode == modes.TORCH_COMPILE:
-        from embedfresh.jobs.train import train  # noqa: PLC0415 - imports torch
+        # In this process: the mega-cache is what this process compiled. The training
+        # code is the train job's own (embedfresh.ml.training); a job never imports a job.
+        from embedfresh.ml.training import TrainingRun  # noqa: PLC0415 - imports torch
 
         inductor_dir = torch_cache.fresh_inductor_dir()
         try:
-            train(trial_cfg)
+            with TrainingRun.open(trial_cfg) as run:
+                # No version published: the trial's figures and graphs are the training's.
+                report = run.report(run.fit(), version_url=None)
             files = torch_cache.collect(inductor_dir)
         finally:
             shutil.rmtree(inductor_dir, ignore_errors=True)
-        return files, _trial_figures(trial_store.read_json(report_rel))
+        return files, _trial_figures(report)
 
     config_file = tmp / "trial-train.json"
     config_file.write_text(trial_cfg.model_dump_json())

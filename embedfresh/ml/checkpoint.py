@@ -1,5 +1,12 @@
 """The checkpoint manager: interval saves, keep-last-K, commit markers, safe loading.
 
+The manager owns the policy, so a training loop only offers each step
+(torchtitan style): :meth:`CheckpointManager.save` decides whether the step is due
+(every ``every`` steps, never the last one, whose result is the published model
+version) and purges stale checkpoints after a save; :meth:`CheckpointManager.load`
+picks the step to resume from (``-1``: the newest one that verifies, corrupt or partial
+ones skipped with a warning).
+
 A checkpoint directory holds ``model.safetensors`` (weights), ``state.pt`` (optimizer,
 LR schedule, RNG states: plain tensors and containers, loaded with
 ``torch.load(weights_only=True)`` so nothing in the store runs as code) and
@@ -67,23 +74,44 @@ def to_cpu(obj: Any) -> Any:
 
 
 class CheckpointManager:
-    """Owns one run's checkpoints: where, how often kept, which one loads.
+    """Owns one run's checkpoints: where, how often, how many kept, which one loads.
 
+    :param keep_last: committed checkpoints kept after a save (>= 1); older ones are
+        purged, never the one just written.
     :param config_hash: identifies model config, hyperparameters and data; a checkpoint
         with another hash belongs to another job and is refused, not silently reused.
+    :param every: save interval in steps (``TrainConfig.checkpoint_every``); ``None``
+        makes every :meth:`save` call due (explicit saves).
     """
 
     def __init__(
-        self, store: ArtifactStore, model: str, run_id: str, keep_last: int, config_hash: str
+        self,
+        store: ArtifactStore,
+        model: str,
+        run_id: str,
+        keep_last: int,
+        config_hash: str,
+        every: int | None = None,
     ) -> None:
         if keep_last < 1:
             raise BadInputError("keep_last must be >= 1")
+        if every is not None and every < 1:
+            raise BadInputError("checkpoint_every must be >= 1")
         self.store = store
         self.model = model
         self.run_id = run_id
         self.keep_last = keep_last
         self.config_hash = config_hash
+        self.every = every
         self.directory = layout.checkpoints(model, run_id)
+
+    def due(self, step: int, last_step: bool = False) -> bool:
+        """Whether :meth:`save` would write ``step``: a multiple of ``every`` (any step
+        when ``every`` is None), and not the run's last step. Every rank of a data
+        parallel run may ask, before gathering what a save needs."""
+        if last_step:  # the last step's weights are the model version the run publishes
+            return False
+        return self.every is None or step % self.every == 0
 
     def _steps(self) -> list[int]:
         steps = []
@@ -103,8 +131,19 @@ class CheckpointManager:
         weights: dict[str, torch.Tensor],
         state: dict[str, Any],
         meta: dict[str, Any],
-    ) -> str:
-        """Write the checkpoint of ``step``, commit it, then purge stale ones."""
+        *,
+        last_step: bool = False,
+    ) -> str | None:
+        """Write the checkpoint of ``step`` if it is :meth:`due`, commit it, then purge
+        stale ones (keep-last-K among those up to ``step``). Returns its URL, or None
+        when the step is not due (nothing written).
+
+        ``weights`` are CPU tensors (:func:`cpu_state_dict`); ``state`` (optimizer,
+        schedule, RNG) is moved to CPU here; ``meta`` is stored as ``meta.json`` with
+        ``step`` and ``config_hash`` added.
+        """
+        if not self.due(step, last_step):
+            return None
         directory = layout.checkpoint(self.model, self.run_id, step)
         buf = io.BytesIO()
         torch.save(to_cpu(state), buf)
@@ -136,35 +175,55 @@ class CheckpointManager:
             self.store.remove(f"{directory}/{markers.COMMIT}")
             self.store.remove(directory, recursive=True)
 
-    def load_latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies; corrupt ones are skipped with a warning.
+    def load(self, step: int = -1) -> Checkpoint | None:
+        """The checkpoint to resume from. ``step=-1``: the newest committed one that
+        verifies, corrupt or unreadable ones skipped with a warning; None when there is
+        none. ``step >= 0``: exactly that one.
 
-        :raises BadInputError: the newest valid checkpoint belongs to another config.
+        :raises BadInputError: the checkpoint belongs to another config, or the given
+            ``step`` has no committed checkpoint that verifies.
         """
-        for step in reversed(self.committed_steps()):
-            directory = layout.checkpoint(self.model, self.run_id, step)
-            url = self.store.url(directory)
-            check = markers.verify(self.store, directory)
-            if not check.ok:
-                log.warning("skipping corrupt checkpoint %s: %s", url, check.reason)
-                continue
-            try:
-                meta = json.loads(self.store.read_bytes(f"{directory}/{META}"))
-                weights = load_weights_bytes(self.store.read_bytes(f"{directory}/{WEIGHTS}"))
-                state = torch.load(
-                    io.BytesIO(self.store.read_bytes(f"{directory}/{STATE}")),
-                    map_location="cpu",
-                    weights_only=True,
-                )
-            except Exception as e:  # checksums matched but the content does not parse
-                log.warning("skipping unreadable checkpoint %s: %s", url, e)
-                continue
-            if meta.get("config_hash") != self.config_hash:
-                raise BadInputError(
-                    f"checkpoint {url} was written by another configuration "
-                    f"(config hash {meta.get('config_hash')}, this run {self.config_hash}): "
-                    "model config, hyperparameters or data changed under the same run id; "
-                    "start a new run id"
-                )
-            return Checkpoint(step=step, weights=weights, state=state, meta=meta, url=url)
+        if step >= 0:
+            checkpoint = self._read(step) if step in self.committed_steps() else None
+            if checkpoint is None:
+                url = self.store.url(layout.checkpoint(self.model, self.run_id, step))
+                raise BadInputError(f"no valid committed checkpoint at {url}")
+            return checkpoint
+        for committed in reversed(self.committed_steps()):
+            checkpoint = self._read(committed)
+            if checkpoint is not None:
+                return checkpoint
         return None
+
+    def load_latest(self) -> Checkpoint | None:
+        """``load(step=-1)``: the newest checkpoint that verifies, or None."""
+        return self.load(-1)
+
+    def _read(self, step: int) -> Checkpoint | None:
+        """The committed checkpoint of ``step``; None (with a warning) when it does not
+        verify or parse."""
+        directory = layout.checkpoint(self.model, self.run_id, step)
+        url = self.store.url(directory)
+        check = markers.verify(self.store, directory)
+        if not check.ok:
+            log.warning("skipping corrupt checkpoint %s: %s", url, check.reason)
+            return None
+        try:
+            meta = json.loads(self.store.read_bytes(f"{directory}/{META}"))
+            weights = load_weights_bytes(self.store.read_bytes(f"{directory}/{WEIGHTS}"))
+            state = torch.load(
+                io.BytesIO(self.store.read_bytes(f"{directory}/{STATE}")),
+                map_location="cpu",
+                weights_only=True,
+            )
+        except Exception as e:  # checksums matched but the content does not parse
+            log.warning("skipping unreadable checkpoint %s: %s", url, e)
+            return None
+        if meta.get("config_hash") != self.config_hash:
+            raise BadInputError(
+                f"checkpoint {url} was written by another configuration "
+                f"(config hash {meta.get('config_hash')}, this run {self.config_hash}): "
+                "model config, hyperparameters or data changed under the same run id; "
+                "start a new run id"
+            )
+        return Checkpoint(step=step, weights=weights, state=state, meta=meta, url=url)

@@ -1,0 +1,101 @@
+"""The training data of one data interval as fixed-shape tensors, and which rows each
+step of each rank trains on.
+
+The order is a pure function of (seed, epoch, step), never of what ran before, so a
+resumed attempt replays exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from embedfresh.ml.data.reader import Examples
+from embedfresh.ml.model.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """Pre-tokenised, fixed-shape tensors of one data interval."""
+
+    query_ids: torch.Tensor
+    query_mask: torch.Tensor
+    product_ids: torch.Tensor
+    product_mask: torch.Tensor
+    features: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def build(cls, examples: Examples, tokenizer: TextTokenizer) -> TrainingSet:
+        q, p = tokenizer(examples.queries), tokenizer(examples.products)
+        return cls(
+            torch.from_numpy(q.input_ids),
+            torch.from_numpy(q.attention_mask),
+            torch.from_numpy(p.input_ids),
+            torch.from_numpy(p.attention_mask),
+            torch.from_numpy(examples.features),
+            torch.from_numpy(examples.labels),
+        )
+
+    def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
+        """The rows ``index`` of every tensor, keyed as the training step reads them."""
+        i = torch.from_numpy(index)
+        return {
+            "query_ids": self.query_ids[i],
+            "query_mask": self.query_mask[i],
+            "product_ids": self.product_ids[i],
+            "product_mask": self.product_mask[i],
+            "features": self.features[i],
+            "labels": self.labels[i],
+        }
+
+
+class RankBatches:
+    """This rank's host batches of steps ``first..total``, in order: step ``s`` takes
+    the rank's shard of the global batch at its position in the epoch order. Iterable
+    more than once and sized, as a data loader (and ``MpDeviceLoader``) expects."""
+
+    def __init__(
+        self,
+        data: TrainingSet,
+        seed: int,
+        per_epoch: int,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        first: int,
+        total: int,
+    ) -> None:
+        self.data, self.seed, self.per_epoch, self.batch_size = data, seed, per_epoch, batch_size
+        self.rank, self.world_size, self.first, self.total = rank, world_size, first, total
+
+    def __len__(self) -> int:
+        return self.total - self.first
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        order, order_epoch = None, -1
+        for step in range(self.first, self.total):
+            epoch, position = divmod(step, self.per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(self.seed, epoch, len(self.data.labels)), epoch
+            start = (position * self.world_size + self.rank) * self.batch_size
+            yield self.data.batch(order[start : start + self.batch_size])
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The example order of an epoch: a pure function of (seed, epoch), so resuming at
+    any step replays exactly the batches an uninterrupted run would see."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def data_fingerprint(examples: Examples) -> str:
+    """16 hex digits of sha256 over the examples' ids, features and labels: part of the
+    config hash, so a checkpoint is never resumed on other data."""
+    h = hashlib.sha256()
+    for arr in (examples.query_ids, examples.product_ids, examples.features, examples.labels):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,197 @@
+"""The training loop: steps from where a :class:`~embedfresh.ml.training.state.TrainState`
+stands to the end of the plan, with logging, evaluation points and checkpoints.
+
+One step: forward (``model.score_and_embed``, compiled or data parallel or not) under
+the backend's autocast, relevance loss plus in-batch contrastive loss, backward,
+gradient clipping, optimizer and schedule step. The backend's hooks sit at fixed places
+so the same loop runs eagerly on CPU/CUDA and traced on XLA.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from embedfresh.core.config import TrainConfig
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.ml.backends import Backend
+from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict
+from embedfresh.ml.model.relevance import RelevanceModel, in_batch_contrastive
+from embedfresh.ml.training.data import RankBatches, TrainingSet
+from embedfresh.ml.training.eval_points import EvalPoints
+from embedfresh.ml.training.plan import TrainPlan
+from embedfresh.ml.training.state import TrainState, checkpoint_state, rng_state
+
+# The train job's logger: its log lines read the same wherever the code lives (tests
+# and operators wait for "step N/M" and "checkpoint step N committed").
+log = logging.getLogger("embedfresh.jobs.train")
+
+#: Steps of an attempt that may trace new graphs: the first one traces forward+backward
+#: and the optimizer's state initialisation (a one-off graph on XLA), the second the
+#: steady-state update. Any compilation after them is a recompile (``compiles_after_warmup``).
+WARMUP_STEPS = 2
+
+Forward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+class ScoreAndEmbed(torch.nn.Module):
+    """``model.score_and_embed`` as a module's forward, so DistributedDataParallel (which
+    hooks ``forward``) can wrap the training step."""
+
+    def __init__(self, model: RelevanceModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.model.score_and_embed(*args)
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """What one call of :meth:`Trainer.run` measured.
+
+    :param seconds: wall time of the call, evaluation points included.
+    :param first_step_seconds: from the call's start to the end of its first step
+        (compilation included); None when it ran no step.
+    :param compiles_after_warmup: graph compilations after the call's first
+        :data:`WARMUP_STEPS` steps, the evaluation points' own not counted (0 with
+        fixed shapes).
+    """
+
+    seconds: float
+    first_step_seconds: float | None
+    compiles_after_warmup: int
+
+
+@dataclass
+class Trainer:
+    """The parts of a training step, built once, and the loop over them.
+
+    :param forward: ``model.score_and_embed``, possibly wrapped (data parallel,
+        ``torch.compile``); ``model`` is the module whose parameters it trains.
+    :param checkpoints: offered every step; it decides which ones it saves.
+    :param evaluator: evaluation points (rank 0 with ``eval_every`` set), else None.
+    """
+
+    cfg: TrainConfig
+    backend: Backend
+    model: RelevanceModel
+    forward: Forward
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    data: TrainingSet
+    plan: TrainPlan
+    checkpoints: CheckpointManager
+    evaluator: EvalPoints | None = None
+
+    def run(self, state: TrainState, until: int | None = None) -> LoopStats:
+        """Train from ``state.step`` to ``until`` (default: the plan's total), advancing
+        ``state`` step by step; the loss is recorded every ``log_every`` steps, at each
+        checkpoint and at the end of the plan.
+
+        :raises BadInputError: the loss is not finite (nothing of that step is saved).
+        """
+        backend, total = self.backend, self.plan.total
+        last = total if until is None else until
+        first = state.step
+        started = time.perf_counter()
+        first_step_seconds = None
+        # neuron_parallel_compile's trial extracts graphs and runs none: its values are junk.
+        extracting = bool(os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY"))
+        self.model.train()
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+        batches = backend.loader(
+            RankBatches(
+                self.data,
+                self.cfg.seed,
+                self.plan.per_epoch,
+                self.plan.batch_size,
+                backend.rank,
+                backend.world_size,
+                first,
+                last,
+            )
+        )
+        compiles_at_warmup, eval_compiles_at_warmup = None, 0
+        for step, batch in zip(range(first, last), batches, strict=False):
+            done = step + 1
+            loss = self._forward_backward(batch, loss_fn)
+            if done % self.cfg.log_every == 0 or done == total or self.checkpoints.due(done):
+                # Eager: now. XLA: at the sync below, once the loss is materialised, so
+                # reading it never cuts the step's graph (and a NaN stops before the update).
+                epoch = step // self.plan.per_epoch
+                backend.after_step(self._record, state, extracting, loss, done, epoch)
+            backend.mark_step()
+            backend.optimizer_step(self.optimizer)
+            self.schedule.step()
+            backend.mark_step()
+            state.step = done
+            if first_step_seconds is None:
+                first_step_seconds = time.perf_counter() - started
+            if done - first == WARMUP_STEPS:
+                compiles_at_warmup = backend.compiles()
+                eval_compiles_at_warmup = 0 if self.evaluator is None else self.evaluator.compiles
+            if self.evaluator is not None and self.evaluator.due(done, total):
+                self.evaluator(self.model, done, self.cfg.output_version)
+            if self.checkpoints.due(done, last_step=done == total):
+                self._checkpoint(state)
+        after = 0 if compiles_at_warmup is None else backend.compiles() - compiles_at_warmup
+        if self.evaluator is not None and compiles_at_warmup is not None:
+            after -= self.evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs
+        return LoopStats(time.perf_counter() - started, first_step_seconds, after)
+
+    def _forward_backward(
+        self, batch: dict[str, torch.Tensor], loss_fn: torch.nn.Module
+    ) -> torch.Tensor:
+        """The step's loss, its gradients computed and clipped (not yet applied)."""
+        cfg = self.cfg
+        with self.backend.autocast():
+            logits, q, p = self.forward(
+                batch["query_ids"],
+                batch["query_mask"],
+                batch["product_ids"],
+                batch["product_mask"],
+                batch["features"],
+            )
+            loss = loss_fn(logits.float(), batch["labels"])
+            if cfg.contrastive_weight:
+                loss = loss + cfg.contrastive_weight * in_batch_contrastive(
+                    q, p, batch["labels"], cfg.contrastive_temperature
+                )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        return loss
+
+    def _record(
+        self, state: TrainState, extracting: bool, loss: torch.Tensor, done: int, epoch: int
+    ) -> None:
+        value = float(loss.detach().to("cpu"))
+        if not np.isfinite(value) and not extracting:
+            raise BadInputError(
+                f"loss is {value} at step {done}: training diverged (lower the learning "
+                "rate or check the data); no checkpoint or model was written for it"
+            )
+        state.loss_curve.append([done, round(value, 6)])
+        log.info("step %d/%d epoch %d loss %.4f", done, self.plan.total, epoch, value)
+
+    def _checkpoint(self, state: TrainState) -> None:
+        """Save the checkpoint of ``state.step`` (rank 0 writes; every rank gives its RNG
+        state, gathered for a bit-exact resume of each rank's dropout stream)."""
+        backend = self.backend
+        rngs = backend.gather(rng_state(backend))
+        if not backend.is_main:
+            return
+        url = self.checkpoints.save(
+            state.step,
+            cpu_state_dict(self.model),
+            checkpoint_state(self.optimizer, self.schedule, rngs, backend.world_size),
+            state.meta(evaluating=self.evaluator is not None),
+        )
+        log.info("checkpoint step %d committed at %s", state.step, url)

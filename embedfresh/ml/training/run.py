@@ -1,0 +1,310 @@
+"""One training config run on this process, step by step: :class:`TrainingRun`.
+
+The train job (:mod:`embedfresh.jobs.train`) tells the whole story with it; the compile
+job's in-process trial (``torch.compile``) opens and fits one too, so both train with
+the very same code:
+
+- :meth:`TrainingRun.open`: store, backend and data opened, the plan made and
+  everything checked before the first write (a context manager: leaving it, normally or
+  by an error, leaves the process group);
+- :meth:`TrainingRun.published_report`: a retry after the version was published has
+  nothing to train;
+- :meth:`TrainingRun.fit`: the model with its start weights, or the newest valid
+  checkpoint's weights and state, then the loop to the end of the plan;
+- :meth:`TrainingRun.publish` and :meth:`TrainingRun.report`: the model version and
+  the train report (rank 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from embedfresh.core import layout
+from embedfresh.core.config import TrainConfig
+from embedfresh.core.cost import run_cost
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.backends import Backend, get_backend
+from embedfresh.ml.checkpoint import Checkpoint, CheckpointManager, cpu_state_dict
+from embedfresh.ml.compile import modes, resolve_backend
+from embedfresh.ml.data.reader import Examples, read_train
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import ModelSpec, get_spec, tokenizer_file
+from embedfresh.ml.model.relevance import RelevanceModel
+from embedfresh.ml.model.tokenizer import TextTokenizer
+from embedfresh.ml.training.data import TrainingSet
+from embedfresh.ml.training.eval_points import EvalPoints
+from embedfresh.ml.training.init import prepare_compile, resolve_init, set_dropout
+from embedfresh.ml.training.loop import Forward, LoopStats, ScoreAndEmbed, Trainer
+from embedfresh.ml.training.optim import make_optimizer, make_schedule
+from embedfresh.ml.training.plan import TrainPlan
+from embedfresh.ml.training.state import TrainState, restore_checkpoint_state
+
+# The train job's logger: its log lines read the same wherever the code lives (tests
+# wait for "resuming from ... (step N)").
+log = logging.getLogger("embedfresh.jobs.train")
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A run's training done on this rank.
+
+    :param first_step: the step this attempt started from (0, or the checkpoint's).
+    :param resumed_from: ``{step, url}`` of the checkpoint it resumed from, else None.
+    """
+
+    model: RelevanceModel
+    state: TrainState
+    first_step: int
+    resumed_from: dict[str, Any] | None
+    stats: LoopStats
+    evaluator: EvalPoints | None
+
+    @property
+    def steps_run(self) -> int:
+        return self.state.step - self.first_step
+
+
+@dataclass(eq=False)
+class TrainingRun:
+    """One training config on this process; build it with :meth:`open`.
+
+    :param backend_name: the resolved backend (``auto`` decided), priced in the report.
+    :param compile_info: the report's ``compile`` section (:func:`prepare_compile`).
+    :param started: ``time.perf_counter()`` when :meth:`open` began (``wall_seconds``).
+    """
+
+    cfg: TrainConfig
+    store: ArtifactStore
+    spec: ModelSpec
+    backend: Backend
+    backend_name: str
+    compile_info: dict[str, Any]
+    examples: Examples
+    plan: TrainPlan
+    started: float
+
+    @classmethod
+    def open(cls, cfg: TrainConfig) -> TrainingRun:
+        """Open the store, prepare compilation, start the backend (joining torchrun's
+        process group), read the data interval and make the plan; rank 0 proves the
+        run's folder writable. Nothing is written before all of this passed.
+
+        :raises BadInputError: unknown instance type or backend, missing data, fewer
+            rows than one batch, or anything else the config gets wrong.
+        """
+        started = time.perf_counter()
+        store = ArtifactStore(cfg.artifact_root)
+        spec = get_spec(cfg.model)
+        backend_name = resolve_backend(cfg.backend)
+        run_cost(backend_name, 0.0, cfg.instance_type, cfg.instance_prices)  # bad type: fail now
+        compile_info = prepare_compile(cfg, backend_name)
+        backend = get_backend(backend_name)
+        try:
+            examples = read_train(store, cfg.dataset, cfg.data_interval_start, cfg.interval_end)
+            plan = TrainPlan.make(cfg, spec, examples, backend.world_size)
+            if backend.is_main:
+                _check_writable(store, cfg)
+        except BaseException:
+            backend.stop_distributed()
+            raise
+        return cls(
+            cfg=cfg,
+            store=store,
+            spec=spec,
+            backend=backend,
+            backend_name=backend_name,
+            compile_info=compile_info,
+            examples=examples,
+            plan=plan,
+            started=started,
+        )
+
+    def close(self) -> None:
+        """Leave the process group (data parallel); a no-op on one process."""
+        self.backend.stop_distributed()
+
+    def __enter__(self) -> TrainingRun:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def report_rel(self) -> str:
+        """Where the train report goes, relative to the store's root."""
+        return layout.report(self.cfg.model, self.cfg.run_id, "train")
+
+    @property
+    def report_url(self) -> str:
+        return self.store.url(self.report_rel)
+
+    def published_report(self) -> dict[str, Any] | None:
+        """The stored train report when this run already published its version (a
+        retry after success: nothing to train), else None.
+
+        :raises BadInputError: the version exists from another configuration.
+        """
+        cfg = self.cfg
+        published = versions.is_committed(self.store, cfg.model, cfg.output_version)
+        if published is None:
+            return None
+        if published.get("config_hash") != self.plan.config_hash:
+            raise BadInputError(
+                f"model version {cfg.output_version} of {cfg.model} already exists from "
+                "another configuration; versions are immutable (set another version)"
+            )
+        log.info("version %s already published by this run: nothing to train", cfg.output_version)
+        return self.store.read_json(self.report_rel)
+
+    def fit(self) -> Fitted:
+        """Build the model, start it from the newest valid checkpoint of this run id
+        (weights, optimizer, schedule, RNG: bit-exact) or from ``cfg.init``'s weights,
+        and train it to the end of the plan, checkpointing as the manager decides."""
+        cfg, backend, plan = self.cfg, self.backend, self.plan
+        tokenizer = TextTokenizer(tokenizer_file(), self.spec.max_length)
+        data = TrainingSet.build(self.examples, tokenizer)
+        model = versions.build_model(self.spec, cfg.seed)
+        checkpoints = CheckpointManager(
+            self.store,
+            cfg.model,
+            cfg.run_id,
+            cfg.keep_last,
+            plan.config_hash,
+            every=cfg.checkpoint_every,
+        )
+        checkpoint = checkpoints.load()  # the newest valid one, if any
+        state = self._start_weights(model, checkpoint)
+        if cfg.dropout is not None:
+            set_dropout(model, cfg.dropout)
+        model.to(backend.device)
+        # A trained start (production or a pinned version) is fine-tuned at the scaled rate.
+        trained_start = state.init["source"] in ("production", "version")
+        optimizer = make_optimizer(model, cfg, incremental=trained_start)
+        schedule = make_schedule(optimizer, cfg.warmup_steps, plan.total)
+        if checkpoint is not None:
+            restore_checkpoint_state(checkpoint, optimizer, schedule, backend, cfg.seed)
+        else:
+            # dropout stream independent of how init was reached; one per rank
+            torch.manual_seed(cfg.seed + backend.rank)
+            backend.seed(cfg.seed)
+        evaluator = None
+        if cfg.eval_every is not None and backend.is_main:
+            evaluator = EvalPoints(cfg, self.store, backend, tokenizer, state.eval_curve)
+        forward = self._forward(model)
+        trainer = Trainer(
+            cfg, backend, model, forward, optimizer, schedule, data, plan, checkpoints, evaluator
+        )
+        first_step = state.step
+        stats = trainer.run(state)
+        resumed_from = None if checkpoint is None else {"step": first_step, "url": checkpoint.url}
+        return Fitted(model, state, first_step, resumed_from, stats, evaluator)
+
+    def _start_weights(self, model: RelevanceModel, checkpoint: Checkpoint | None) -> TrainState:
+        """Load the checkpoint's weights into ``model``, or ``cfg.init``'s; the state
+        training starts from."""
+        plan = self.plan
+        if checkpoint is not None:
+            model.load_state_dict(checkpoint.weights, strict=True)
+            log.info("resuming from %s (step %d)", checkpoint.url, checkpoint.step)
+            return TrainState.resume(checkpoint, plan.per_epoch, plan.samples_per_step)
+        init = resolve_init(self.cfg, self.store, model)
+        log.info("starting from %s", init)
+        return TrainState(plan.per_epoch, plan.samples_per_step, init)
+
+    def _forward(self, model: RelevanceModel) -> Forward:
+        """``model.score_and_embed``, under DistributedDataParallel with several ranks
+        and under torch.compile in that compile mode."""
+        forward: Forward = model.score_and_embed
+        if self.backend.world_size > 1:
+            forward = self.backend.data_parallel(ScoreAndEmbed(model))
+        if self.compile_info["mode"] == modes.TORCH_COMPILE:
+            forward = self.backend.compile(forward)
+        return forward
+
+    def publish(self, fitted: Fitted) -> str:
+        """Publish the trained weights as model version ``cfg.output_version`` (rank 0);
+        returns its URL."""
+        cfg = self.cfg
+        return versions.publish(
+            self.store,
+            self.spec,
+            cfg.output_version,
+            cpu_state_dict(fitted.model),
+            {
+                "run_id": cfg.run_id,
+                "config_hash": self.plan.config_hash,
+                "init": fitted.state.init,
+                "steps": self.plan.total,
+                "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
+            },
+        )
+
+    def report(self, fitted: Fitted, version_url: str | None) -> dict[str, Any]:
+        """The train report (``reports/train.json``) of this attempt, cost included;
+        ``wall_seconds`` counts from :meth:`open` to now. Written by the caller."""
+        cfg, plan, backend, state = self.cfg, self.plan, self.backend, fitted.state
+        evaluator, stats = fitted.evaluator, fitted.stats
+        eval_seconds = 0.0 if evaluator is None else evaluator.seconds
+        loop_seconds = stats.seconds - eval_seconds
+        first_step_seconds = stats.first_step_seconds
+        report = {
+            "status": "ok",
+            "model": cfg.model,
+            "run_id": cfg.run_id,
+            "version": cfg.output_version,
+            "version_url": version_url,
+            "init": state.init,
+            "resumed_from": fitted.resumed_from,
+            "steps": plan.total,
+            "steps_this_attempt": fitted.steps_run,
+            "epochs": cfg.epochs,
+            "batch_size": plan.batch_size,
+            "rows": len(self.examples),
+            "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
+            "sources": list(self.examples.sources),
+            "samples_per_second": round(fitted.steps_run * plan.samples_per_step / loop_seconds, 2)
+            if fitted.steps_run and loop_seconds > 0
+            else None,
+            "wall_seconds": round(time.perf_counter() - self.started, 3),
+            "loss_curve": state.loss_curve,
+            "final_loss": state.loss_curve[-1][1] if state.loss_curve else None,
+            "eval_every": cfg.eval_every,
+            "eval_curve": state.eval_curve,
+            "eval_seconds": round(eval_seconds, 3),
+            "eval_compiles": 0 if evaluator is None else evaluator.compiles,
+            "dropout": self.spec.encoder.dropout if cfg.dropout is None else cfg.dropout,
+            "checkpoint_every": cfg.checkpoint_every,
+            "config_hash": plan.config_hash,
+            "compiles_after_warmup": stats.compiles_after_warmup,
+            "compiles": backend.compiles(),
+            "compile": self.compile_info,
+            "seconds_to_first_step": None
+            if first_step_seconds is None
+            else round(first_step_seconds, 3),
+            **backend.metadata(),
+        }
+        report.update(
+            run_cost(
+                self.backend_name, report["wall_seconds"], cfg.instance_type, cfg.instance_prices
+            )
+        )
+        return report
+
+
+def _check_writable(store: ArtifactStore, cfg: TrainConfig) -> None:
+    """Fail before training, not after it, when the run's folder cannot be written."""
+    probe = f"{layout.run_dir(cfg.model, cfg.run_id)}/.write-probe"
+    store.write_bytes(probe, b"")
+    store.remove(probe)
