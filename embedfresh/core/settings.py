@@ -1,15 +1,19 @@
 """Names and defaults that the data plane and the control plane must agree on.
 
-One source for each: the artifact-root variable and its default, the backend names,
-the execution-mode (runner) names. Torch-free and Airflow-free, so DAG files, the web
-UI and every job read the same values.
+One source for each: the artifact-root variable and its default, the backend names and
+their implementations (the backend registry), the execution-mode (runner) names.
+Torch-free and Airflow-free, so DAG files, the web UI and every job read the same values.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 #: The environment variable every component reads the artifact root from: the Airflow
 #: components (DAG Params, the web UI), the jobs they start, and remote containers.
@@ -36,18 +40,41 @@ def default_artifact_root() -> str:
     return f"file://{Path(home).resolve() / DEFAULT_STORE_DIR}"
 
 
-class Backend(StrEnum):
-    """Accelerator backends. Each name has an implementation registered in
-    :mod:`embedfresh.ml.backends` (``auto`` picks one of them on the host)."""
+#: The backend a job resolves on its host (:func:`embedfresh.ml.backends.detect`).
+AUTO_BACKEND = "auto"
 
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-    XLA = "xla"
-    NEURON = "neuron"
+#: The backend registry: each accelerator backend's name and its implementation, as
+#: ``"module:Class"`` (a subclass of :class:`embedfresh.ml.backends.Backend`). Strings,
+#: so the control plane reads the names without importing torch; the ML library imports
+#: a module only when a job builds its backend. A new backend is one module under
+#: ``embedfresh/ml/backends/`` and one line here.
+BACKEND_IMPLEMENTATIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "embedfresh.ml.backends.eager:EagerBackend",
+        "cuda": "embedfresh.ml.backends.eager:EagerBackend",
+        "xla": "embedfresh.ml.backends.xla:XlaBackend",
+        "neuron": "embedfresh.ml.backends.xla:XlaBackend",
+    }
+)
+
+#: The backend names a job accepts and the DAGs offer: ``auto`` and every registered one.
+BACKENDS: tuple[str, ...] = (AUTO_BACKEND, *BACKEND_IMPLEMENTATIONS)
 
 
-BACKENDS: tuple[str, ...] = tuple(b.value for b in Backend)
+def load_implementation(spec: str) -> Any:
+    """The object a ``"package.module:attribute"`` string names, its module imported now.
+
+    :raises ValueError: ``spec`` is not of that form.
+    :raises ImportError: the module does not import.
+    :raises AttributeError: the module has no such attribute.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"implementation {spec!r} is not 'package.module:attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 class ExecutionMode(StrEnum):

@@ -21,8 +21,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import HealthConfig
 from embedfresh.core.exit_codes import BadInputError, UnhealthyError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.backends import Backend, detect, get_backend
-from embedfresh.ml.backends.base import KNOWN
+from embedfresh.ml.backends import Backend, get_backend, resolve_name
 from embedfresh.ml.health import collectives, neuron_tools, report, tensor_checks
 from embedfresh.ml.health.collectives import DistContext
 
@@ -33,9 +32,7 @@ def health(cfg: HealthConfig) -> dict[str, Any]:
     """Check devices, tensor arithmetic and collectives; write ``reports/health.json``."""
     store = ArtifactStore(cfg.artifact_root)
     report_rel = layout.report(cfg.model, cfg.run_id, "health")
-    name = detect() if cfg.backend == "auto" else cfg.backend
-    if name not in KNOWN:
-        raise BadInputError(f"unknown backend {name!r}: choose one of {', '.join(KNOWN)}")
+    name = resolve_name(cfg.backend)
     env = collectives.launched_env()
     rank, local_rank = (env[0], env[2]) if env else (0, 0)
 

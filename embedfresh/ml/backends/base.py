@@ -2,26 +2,30 @@
 
 The loops call these hooks at fixed places (move a batch, step the optimizer, mark a
 step, read a scalar), so the same loop runs eagerly on CPU/CUDA and traced on XLA.
+:class:`Backend` is the interface; its hooks do what eager PyTorch needs, so an eager
+backend overrides only how it is built (:meth:`Backend.create`) and a traced one
+overrides the hooks that differ. This module imports no concrete backend: they are
+found by name through the registry (:mod:`embedfresh.ml.backends`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from embedfresh.core.exit_codes import BadInputError
-
-KNOWN = ("auto", "cpu", "cuda", "xla", "neuron")
-NEURON_DEVICE = Path("/dev/neuron0")
-
 
 class Backend:
-    """Eager PyTorch on one device (``cpu`` or ``cuda``)."""
+    """An accelerator as the loops see it: one device, this process's rank, and the
+    hooks the loops call. The defaults are eager PyTorch on ``device``.
+
+    An implementation is a subclass registered under one or more names (see
+    :func:`embedfresh.ml.backends.register_backend`) that says how it is built
+    (:meth:`create`) and overrides the hooks its device needs.
+    """
 
     def __init__(self, name: str, device: torch.device) -> None:
         self.name = name
@@ -29,6 +33,16 @@ class Backend:
         self.compiled = False
         self.rank = 0
         self.world_size = 1
+
+    @classmethod
+    def create(cls, name: str) -> Backend:
+        """A ready backend called ``name`` (a name it is registered under): its device
+        chosen, its process group joined. :func:`embedfresh.ml.backends.get_backend`
+        calls this; each implementation says how.
+
+        :raises BadInputError: the device ``name`` needs is not usable here.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not say how to build backend {name!r}")
 
     @property
     def is_main(self) -> bool:
@@ -141,33 +155,3 @@ class Backend:
             "torch": torch.__version__,
             "world_size": self.world_size,
         }
-
-
-def detect(
-    env: Mapping[str, str] | None = None,
-    neuron_device: Path = NEURON_DEVICE,
-    cuda_available: Callable[[], bool] = torch.cuda.is_available,
-) -> str:
-    """What ``auto`` means here: Neuron when a Neuron device or ``PJRT_DEVICE=NEURON`` is
-    present, else CUDA when visible, else CPU. Inputs are parameters for testing."""
-    env = os.environ if env is None else env
-    if env.get("PJRT_DEVICE", "").upper() == "NEURON" or neuron_device.exists():
-        return "neuron"
-    return "cuda" if cuda_available() else "cpu"
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called ``name``; ``auto`` picks one with :func:`detect`."""
-    if name == "auto":
-        name = detect()
-    if name in ("cpu", "cuda"):
-        if name == "cuda" and not torch.cuda.is_available():
-            raise BadInputError("backend 'cuda' requested but no CUDA device is visible")
-        backend = Backend(name, torch.device(name))
-        backend.start_distributed()
-        return backend
-    if name in ("xla", "neuron"):
-        from embedfresh.ml.backends.xla import XlaBackend  # noqa: PLC0415 - imports torch_xla
-
-        return XlaBackend(name)
-    raise BadInputError(f"unknown backend {name!r}: choose one of {', '.join(KNOWN)}")

@@ -37,6 +37,15 @@ def _import_xla() -> Any:
 class XlaBackend(Backend):
     """A torch-xla device: traced graphs, compiled per distinct shape/program."""
 
+    @classmethod
+    def create(cls, name: str) -> Backend:
+        """The ``xla`` or ``neuron`` backend; its rank and world size are PJRT's (torchrun's
+        process group is not joined: ``xm.optimizer_step`` all-reduces instead).
+
+        :raises BadInputError: ``neuron`` under another ``PJRT_DEVICE``, or no torch-xla.
+        """
+        return cls(name)
+
     def __init__(self, name: str = "xla") -> None:
         if name == "neuron":
             for key, value in NEURON_ENV.items():

@@ -7,9 +7,7 @@ graphs torch-xla traces; neuron: the same, compiled ahead of time by
 
 from __future__ import annotations
 
-from embedfresh.core.exit_codes import BadInputError
-from embedfresh.ml.backends import detect
-from embedfresh.ml.backends.base import KNOWN
+from embedfresh.ml.backends import resolve_name
 
 TORCH_COMPILE = "torch.compile"
 EAGER = "eager"
@@ -33,11 +31,7 @@ COMPILE_DEFAULTS: dict[tuple[str, str], bool] = {
 
 def resolve_backend(name: str) -> str:
     """The concrete backend ``name`` means here (``auto`` detected), without building it."""
-    if name == "auto":
-        return detect()
-    if name not in KNOWN:
-        raise BadInputError(f"unknown backend {name!r}: choose one of {', '.join(KNOWN)}")
-    return name
+    return resolve_name(name)
 
 
 def resolve_mode(compile_setting: str, backend: str, model: str) -> str:
