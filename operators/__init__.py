@@ -21,7 +21,16 @@ from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.parity import BackendParityOperator
 from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
 from embedfresh.operators.registry import production_version
-from embedfresh.operators.runners import AwsBatchRunner, BatchSettings, JobResult, LocalRunner
+from embedfresh.operators.runners import (
+    AwsBatchRunner,
+    BatchSettings,
+    JobResult,
+    LocalRunner,
+    Runner,
+    register_runner,
+    registered_runners,
+    unregister_runner,
+)
 from embedfresh.operators.train import IncrementalTrainingOperator
 
 __all__ = [
@@ -45,7 +54,11 @@ __all__ = [
     "PromoteModelOperator",
     "QualityGateOperator",
     "ResolveModelVersionOperator",
+    "Runner",
     "embeddings_asset",
     "model_asset",
     "production_version",
+    "register_runner",
+    "registered_runners",
+    "unregister_runner",
 ]

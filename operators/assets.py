@@ -79,8 +79,13 @@ class AssetAnnouncingOperator(EmbedfreshJobOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         return self.announce(context, super().execute(context))
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.announce(context, super().execute_complete(context, event))
+    def execute_complete(
+        self,
+        context: Any,
+        event: dict[str, Any] | None = None,
+        result: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return self.announce(context, super().execute_complete(context, event, result))
 
     def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         """Attach the extra to the static Asset outlet, or add the Asset through the alias."""

@@ -1,15 +1,18 @@
 """The base operator every embedfresh job operator derives from.
 
 An operator is a job kind (which ``python -m embedfresh.jobs.<name>`` and its settings) times an
-execution mode (which runner). The runner is built lazily, so ``__init__`` does no I/O
-and DAG files parse fast; exit codes are mapped to Airflow reactions in one place.
+execution mode (which runner, looked up by name in
+:mod:`embedfresh.operators.runners.registry`). The runner is built lazily, so ``__init__``
+does no I/O and DAG files parse fast; exit codes are mapped to Airflow reactions in one
+place, and what a successful job returned is read from its result record
+(:mod:`embedfresh.core.results`), the same way whatever runner ran it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -17,14 +20,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from embedfresh.core.exit_codes import ExitCode
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.job_spec import JobSpec
-from embedfresh.operators.runners import (
-    AwsBatchRunner,
-    BatchSettings,
-    DeferrableRunner,
-    JobResult,
-    LocalRunner,
-    Runner,
-)
+from embedfresh.operators.runners import DeferrableRunner, JobResult, Runner, registered_runner
+
+if TYPE_CHECKING:
+    from embedfresh.core.results import ResultTicket
 
 #: Exit codes that mean retrying cannot help: fail the task for good.
 NO_RETRY_EXIT_CODES: dict[int, str] = {
@@ -37,9 +36,14 @@ NO_RETRY_EXIT_CODES: dict[int, str] = {
 class EmbedfreshJobOperator(BaseOperator):
     """Runs one data-plane job (``python -m embedfresh.jobs.<job_name>``) and returns its summary.
 
-    The job's JSON summary (its last stdout line) becomes the task's XCom
-    ``return_value``. Exit codes map to Airflow as the job contract says: 0 success;
-    2, 3, 4 fail without retry; 75 (transient) and anything else raise a retryable error.
+    The job is told a result name unique to this task instance and a fresh attempt id
+    (``--result-name``, ``--attempt-id``); on success it writes its result record
+    ``runs/<model>/<run_id>/results/<name>.json`` to the artifact store. The operator
+    reads that record back and returns its summary (what the job also prints) as the
+    task's XCom ``return_value``: the same value under every runner. Exit codes map to
+    Airflow as the job contract says: 0 success; 2, 3, 4 fail without retry; 75
+    (transient) and anything else raise a retryable error, as does an exit 0 without
+    this execution's record.
 
     Subclasses set :attr:`job_name` and may add settings in :meth:`job_specific_settings`.
 
@@ -50,15 +54,21 @@ class EmbedfreshJobOperator(BaseOperator):
     :param job_settings: extra config fields of the job; they override the operator's
         own (templated).
     :param env: environment variables for the job (templated).
-    :param execution_mode: where the job runs: ``local`` (a subprocess of the worker) or
-        ``aws_batch`` (an AWS Batch job; needs ``batch``).
+    :param execution_mode: where the job runs, a registered runner's name
+        (:func:`~embedfresh.operators.runners.register_runner`): built in, ``local`` (a
+        subprocess of the worker) and ``aws_batch`` (an AWS Batch job; needs its
+        settings). An unknown name fails when the DAG file is parsed.
     :param nproc_per_node: processes per node (data parallel under torchrun); an int or a
         template rendering to one, e.g. ``"{{ params.nproc }}"`` (templated).
-    :param batch: with ``aws_batch``, the :class:`~embedfresh.operators.runners.BatchSettings` fields:
-        ``job_definition``, ``job_queue``, ``num_nodes``, ``share_identifier``,
-        ``deferrable``, ... (templated).
+    :param runner_settings: keyword arguments of the runner; for ``aws_batch`` the
+        :class:`~embedfresh.operators.runners.BatchSettings` fields: ``job_definition``,
+        ``job_queue``, ``num_nodes``, ``share_identifier``, ``deferrable``, ...; for
+        ``local`` those of :class:`~embedfresh.operators.runners.LocalRunner` (templated).
+    :param batch: another name for ``runner_settings``, the one the ``aws_batch``
+        settings are documented under; give one or the other.
     :raises AirflowFailException: exit code 2, 3 or 4 (no retry).
-    :raises AirflowException: exit code 75 or any other failure (retried per policy).
+    :raises AirflowException: exit code 75 or any other failure, or an exit 0 without
+        this execution's result record (retried per policy).
     """
 
     job_name: ClassVar[str]
@@ -70,13 +80,13 @@ class EmbedfreshJobOperator(BaseOperator):
         "run_id",
         "job_settings",
         "env",
-        "batch",
+        "runner_settings",
         "nproc_per_node",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "job_settings": "json",
         "env": "json",
-        "batch": "json",
+        "runner_settings": "json",
     }
     ui_color = "#e8f4fd"
 
@@ -91,6 +101,7 @@ class EmbedfreshJobOperator(BaseOperator):
         env: dict[str, str] | None = None,
         execution_mode: str = ExecutionMode.LOCAL,
         nproc_per_node: int | str = 1,
+        runner_settings: dict[str, Any] | None = None,
         batch: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -101,26 +112,31 @@ class EmbedfreshJobOperator(BaseOperator):
         self.run_id = run_id
         self.job_settings = job_settings or {}
         self.env = env or {}
-        self.execution_mode = ExecutionMode(execution_mode)
         self.nproc_per_node = nproc_per_node
-        self.batch = batch
-        if self.execution_mode == ExecutionMode.AWS_BATCH and not batch:
+        if runner_settings and batch:
+            raise ValueError("give the runner's settings as runner_settings or batch, not both")
+        self.runner_settings = runner_settings or batch or {}
+        # Checked here, at parse time: a typo in a DAG file is an import error, not a
+        # task that fails hours later.
+        registered = registered_runner(execution_mode)
+        self.execution_mode = str(execution_mode)
+        if registered.required_settings and not self.runner_settings:
             raise ValueError(
-                "execution_mode='aws_batch' needs batch={'job_definition': ..., 'job_queue': ...}"
+                f"execution_mode={self.execution_mode!r} needs its runner settings, "
+                f"e.g. {registered.required_settings}"
             )
 
     @cached_property
     def runner(self) -> Runner:
         """The runner for :attr:`execution_mode`, built on first use (after templating)."""
-        if self.execution_mode == ExecutionMode.AWS_BATCH:
-            return AwsBatchRunner(BatchSettings.from_mapping(self.batch or {}))
-        return LocalRunner()
+        return registered_runner(self.execution_mode).build(self.runner_settings)
 
     def job_specific_settings(self) -> dict[str, Any]:
         """Settings this job kind adds to the common ones (override in subclasses)."""
         return {}
 
-    def build_job_spec(self) -> JobSpec:
+    def build_job_spec(self, result: ResultTicket | None = None) -> JobSpec:
+        """The job's command: settings, environment, processes, and the result ticket."""
         settings = {
             "artifact_root": self.artifact_root,
             "model": self.model,
@@ -134,7 +150,19 @@ class EmbedfreshJobOperator(BaseOperator):
             settings=settings,
             env=self.env,
             nproc_per_node=self._nproc_per_node(),
+            result=result,
         )
+
+    def result_ticket(self, context: Any) -> ResultTicket:
+        """This execution's result name (one per task instance) and a fresh attempt id."""
+        from embedfresh.core.results import ResultTicket, new_attempt_id, result_name
+
+        ti = context.get("ti") if hasattr(context, "get") else None
+        if ti is not None:
+            name = result_name(ti.task_id, dag_id=ti.dag_id, map_index=ti.map_index)
+        else:  # called outside a task run (tests, a person in a shell)
+            name = result_name(self.task_id)
+        return ResultTicket(name=name, attempt_id=new_attempt_id())
 
     def _nproc_per_node(self) -> int:
         try:
@@ -145,33 +173,54 @@ class EmbedfreshJobOperator(BaseOperator):
             ) from None
 
     def execute(self, context: Any) -> dict[str, Any]:
-        spec = self.build_job_spec()
+        ticket = self.result_ticket(context)
+        spec = self.build_job_spec(ticket)
         runner = self.runner
         if isinstance(runner, DeferrableRunner) and runner.deferrable:
             started = runner.start(spec, self.log)
             if not isinstance(started, JobResult):
+                # The ticket travels with the deferral: the resumed task must read the
+                # record of the job it started, not mint a new attempt id.
                 self.defer(
-                    trigger=started, method_name="execute_complete", timeout=self.execution_timeout
+                    trigger=started,
+                    method_name="execute_complete",
+                    kwargs={"result": ticket.to_dict()},
+                    timeout=self.execution_timeout,
                 )
             return self.handle_result(spec, started)
         return self.handle_result(spec, runner.run(spec, self.log))
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Resume after the runner's trigger fired: map the job's outcome like :meth:`execute`."""
+    def execute_complete(
+        self,
+        context: Any,
+        event: dict[str, Any] | None = None,
+        result: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Resume after the runner's trigger fired: map the job's outcome like :meth:`execute`.
+
+        :param event: the trigger's event.
+        :param result: the result ticket :meth:`execute` deferred with.
+        """
         runner = self.runner
         if not isinstance(runner, DeferrableRunner):
             raise AirflowException(f"{type(runner).__name__} cannot resume a deferred task")
-        return self.handle_result(self.build_job_spec(), runner.resume(event, self.log))
+        ticket = None
+        if result is not None:
+            from embedfresh.core.results import ResultTicket
+
+            ticket = ResultTicket.from_dict(result)
+        return self.handle_result(self.build_job_spec(ticket), runner.resume(event, self.log))
 
     def handle_result(self, spec: JobSpec, result: JobResult) -> dict[str, Any]:
-        """Map a job's exit code to Airflow's reaction: the one place that does it."""
+        """Map a job's exit code to Airflow's reaction: the one place that does it.
+
+        On exit 0, the XCom is the summary in the job's result record (:meth:`read_result`).
+        """
         code = result.exit_code
+        if result.details:
+            self.log.info("%s ran as %s", spec.module, dict(result.details))
         if code == ExitCode.OK:
-            if result.summary is None:
-                raise AirflowException(
-                    f"{spec.module} exited 0 but printed no JSON summary as its last stdout line"
-                )
-            return result.summary
+            return self.read_result(spec)
         reason = result.last_error_line or "no message on stderr"
         if code in NO_RETRY_EXIT_CODES:
             raise AirflowFailException(
@@ -184,6 +233,45 @@ class EmbedfreshJobOperator(BaseOperator):
                 f"a retry resumes run {spec.settings.get('run_id')}: {reason}"
             )
         raise AirflowException(f"{spec.module} crashed with exit code {code}: {reason}")
+
+    def read_result(self, spec: JobSpec) -> dict[str, Any]:
+        """The summary in the result record of the execution ``spec`` describes.
+
+        Read through :mod:`embedfresh.core.results` (the artifact store; boto3 only inside
+        it, for ``s3://``).
+
+        :raises AirflowException: no record, a record another execution left, one that
+            cannot be read, or a summary that is not a JSON object; all retryable, and
+            the message names the record's URL.
+        """
+        from embedfresh.core.exit_codes import BadInputError, TransientError
+        from embedfresh.core.results import ResultError, read_result
+
+        if spec.result is None:
+            raise AirflowException(
+                f"{spec.module} exited 0 but was started without a result name and attempt "
+                "id, so its result record cannot be told from another execution's"
+            )
+        try:
+            record, url = read_result(spec.settings, spec.result, spec.job)
+        except ResultError as e:
+            raise AirflowException(str(e)) from e
+        except (TransientError, BadInputError) as e:
+            raise AirflowException(
+                f"{spec.module} exited 0 but its result record {spec.result.name!r} could "
+                f"not be read: {e}"
+            ) from e
+        if not isinstance(record.summary, dict):
+            raise AirflowException(
+                f"result record {url} holds a {type(record.summary).__name__} summary, "
+                "not the JSON object an operator returns"
+            )
+        self.log.info(
+            "Result record %s: %s attempt %s finished at %s on %s",
+            url, record.job, record.attempt_id, record.finished_at.isoformat(),
+            record.execution,
+        )  # fmt: skip
+        return record.summary
 
     def on_kill(self) -> None:
         # Only a runner that was built can have started anything.

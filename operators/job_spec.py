@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from embedfresh.core.results import ResultTicket
 
 
 def encode_setting(value: Any) -> str:
@@ -32,12 +35,15 @@ class JobSpec:
     :param settings: config fields of the job, passed as ``--set`` overrides.
     :param env: environment variables added to the runner's own.
     :param nproc_per_node: processes per node; above 1 the job starts under torchrun.
+    :param result: the name and attempt id of the result record this execution writes
+        (``--result-name``, ``--attempt-id``); ``None``: the job's defaults.
     """
 
     job: str
     settings: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     nproc_per_node: int = 1
+    result: ResultTicket | None = None
 
     def __post_init__(self) -> None:
         if not self.job or not self.job.replace("_", "").isalnum():
@@ -50,10 +56,13 @@ class JobSpec:
         return f"embedfresh.jobs.{self.job}"
 
     def job_args(self) -> list[str]:
-        """``--set key=value`` for every setting, in the order given."""
+        """``--set key=value`` for every setting, in the order given, then the result
+        record's ``--result-name NAME --attempt-id ID`` when :attr:`result` is set."""
         args: list[str] = []
         for key, value in self.settings.items():
             args += ["--set", f"{key}={encode_setting(value)}"]
+        if self.result is not None:
+            args += self.result.job_args()
         return args
 
     def argv(self, python: str) -> list[str]:

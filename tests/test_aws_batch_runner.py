@@ -2,11 +2,15 @@
 
 Moto runs the real provider code (``BatchClientHook`` submit, wait, describe, terminate)
 against a Batch API that finishes every job at once: SUCCEEDED, or FAILED when
-``MOTO_SIMPLE_BATCH_FAIL_AFTER=0``. Moto keeps the container command, environment and tags
-of a submitted job, not its node overrides, retry strategy or fair-share fields: those are
-read from the SubmitJob request as botocore sent it (after validating it against the
-Batch service model). Moto cannot end a job with a chosen exit code, so the per-exit-code
-mapping is tested on DescribeJobs-shaped records, which is what the runner maps.
+``MOTO_SIMPLE_BATCH_FAIL_AFTER=0``, without running anything. Moto keeps the container
+command, environment and tags of a submitted job, not its node overrides, retry
+strategy or fair-share fields: those are read from the SubmitJob request as botocore
+sent it (after validating it against the Batch service model). What a successful task
+returns is the job's result record, so a job moto only pretends to run leaves the task
+failing, retryably, on the missing record; where a test needs the job to run, the
+``batch_executor`` fixture (tests/batch_harness.py) runs it as a local process and ends
+the Batch job with the process's exit code. The per-exit-code mapping is also tested on
+DescribeJobs-shaped records, which is what the runner maps.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 
 from embedfresh.core.config import JobConfig
 from embedfresh.operators import (
+    AcceleratorHealthOperator,
     AwsBatchRunner,
     BatchSettings,
     IncrementalTrainingOperator,
@@ -35,96 +40,61 @@ from embedfresh.operators import (
 )
 from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
 from embedfresh.operators.runners.aws_batch import EVALUATE_ON_EXIT, job_result
+from tests.batch_harness import (
+    MULTI,
+    PYTHON,
+    QUEUE,
+    REGION,
+    LocalBatchExecutor,
+    describe,
+    moto_batch,
+    settings,
+)
 from tests.conftest import ROOT
 
-REGION = "us-east-1"
-QUEUE = "embedfresh-queue"
-SINGLE = "embedfresh-train"
-MULTI = "embedfresh-train-mnp"
 NEURON_ENV = {
     "NEURON_CC_FLAGS": "--target trn1 --auto-cast all --auto-cast-type bf16 --optlevel 1",
     "NEURON_COMPILE_CACHE_URL": "s3://bucket/prod/compile-cache/neuron/abc123",
 }
 LOG = logging.getLogger("tests.aws_batch")
+RUN_ID = "scheduled__2026-01-02T00:00:00+00:00"
 
 
 @pytest.fixture
 def batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Moto's Batch with a queue, a single-node and a multi-node job definition.
-
-    Yields a boto3 Batch client for reading back what moto stored.
-    """
-    import boto3
-    from moto import mock_aws
-
-    # Another test's moto server may have pointed every client at itself.
-    for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE", "MOTO_SIMPLE_BATCH_FAIL_AFTER"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    with mock_aws(config={"batch": {"use_docker": False}}):
-        role = boto3.client("iam").create_role(
-            RoleName="embedfresh-batch", AssumeRolePolicyDocument="{}"
-        )["Role"]["Arn"]
-        client = boto3.client("batch", region_name=REGION)
-        env_arn = client.create_compute_environment(
-            computeEnvironmentName="embedfresh-trn1",
-            type="UNMANAGED",
-            state="ENABLED",
-            serviceRole=role,
-        )["computeEnvironmentArn"]
-        client.create_job_queue(
-            jobQueueName=QUEUE,
-            state="ENABLED",
-            priority=1,
-            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env_arn}],
-        )
-        container = {
-            "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/embedfresh:latest",
-            "command": ["python", "-m", "embedfresh.jobs.health"],
-            "resourceRequirements": [
-                {"type": "VCPU", "value": "4"},
-                {"type": "MEMORY", "value": "8192"},
-            ],
-            "environment": [{"name": "FROM_DEFINITION", "value": "1"}],
-        }
-        client.register_job_definition(
-            jobDefinitionName=SINGLE, type="container", containerProperties=container
-        )
-        client.register_job_definition(
-            jobDefinitionName=MULTI,
-            type="multinode",
-            nodeProperties={
-                "numNodes": 2,
-                "mainNode": 0,
-                "nodeRangeProperties": [{"targetNodes": "0:", "container": container}],
-            },
-        )
-        yield client
+    """Moto's Batch (tests/batch_harness.py); jobs end at once without running."""
+    yield from moto_batch(monkeypatch)
 
 
-def settings(**overrides: Any) -> dict[str, Any]:
-    return {
-        "job_definition": SINGLE,
-        "job_queue": QUEUE,
-        "aws_conn_id": None,  # boto3's own credentials: moto's
-        "region_name": REGION,
-        "poll_interval": 0,
-        **overrides,
-    }
+@pytest.fixture
+def batch_executor(batch: Any, monkeypatch: pytest.MonkeyPatch) -> LocalBatchExecutor:
+    """Moto's Batch whose single-node jobs really run, as local processes."""
+    return LocalBatchExecutor().install(monkeypatch)
 
 
-def train_operator(**batch: Any) -> IncrementalTrainingOperator:
+def train_operator(root: str = "s3://bucket/prod", **batch: Any) -> IncrementalTrainingOperator:
+    """The training task on Batch; its settings given as ``batch=`` (the documented name)."""
     return IncrementalTrainingOperator(
         task_id="train",
-        artifact_root="s3://bucket/prod",
-        run_id="scheduled__2026-01-02T00:00:00+00:00",
+        artifact_root=root,
+        run_id=RUN_ID,
         data_interval_start="2026-01-01",
         data_interval_end="2026-01-02",
         env=dict(NEURON_ENV),
         execution_mode="aws_batch",
         batch=settings(**batch),
+    )
+
+
+def health_operator(root: str, **batch: Any) -> AcceleratorHealthOperator:
+    """A job that succeeds on any store in seconds, run by the test executor's "image"."""
+    return AcceleratorHealthOperator(
+        task_id="health",
+        artifact_root=root,
+        run_id=RUN_ID,
+        job_settings={"collectives": False},
+        execution_mode="aws_batch",
+        runner_settings=settings(python=PYTHON, **batch),
     )
 
 
@@ -139,16 +109,19 @@ def capture_submit_requests(runner: AwsBatchRunner) -> list[dict[str, Any]]:
     return sent
 
 
-def describe(client: Any, job_id: str) -> dict[str, Any]:
-    [job] = client.describe_jobs(jobs=[job_id])["jobs"]
-    return job
+def record_url(root: str, name: str) -> str:
+    return f"{root}/runs/tiny/{RUN_ID}/results/{name}.json"
 
 
 # --- single node, end to end through the provider's hook ------------------------------
 
 
-def test_a_single_node_job_runs_the_job_argv_with_its_env_and_retry_strategy(batch):
+def test_a_single_node_job_runs_the_job_argv_with_its_env_and_retry_strategy(
+    batch, tmp_path, capfd
+):
+    root = f"file://{tmp_path}"
     op = train_operator(
+        root,
         gpus=1,
         vcpus=8,
         memory=30000,
@@ -157,17 +130,28 @@ def test_a_single_node_job_runs_the_job_argv_with_its_env_and_retry_strategy(bat
         tags={"team": "search"},
     )
     sent = capture_submit_requests(op.runner)
-    summary = op.execute({})
+    # Moto says SUCCEEDED without running the job: no result record, so no XCom, and a
+    # retryable error that names the record the job should have written.
+    with pytest.raises(AirflowException, match="exited 0 but wrote no result record") as info:
+        op.execute({})
+    assert type(info.value) is AirflowException
+    assert f"at {record_url(root, 'train')}:" in str(info.value)
 
-    job = describe(batch, summary["aws_batch_job_id"])
-    assert job["status"] == "SUCCEEDED" and summary["status"] == "SUCCEEDED"
-    assert summary["exit_code"] == 0
-    spec = op.build_job_spec()
-    assert job["container"]["command"] == spec.argv("python")
-    assert job["container"]["command"][:3] == ["python", "-m", "embedfresh.jobs.train"]
+    job_id = op.runner.job_id
+    job = describe(batch, job_id)
+    assert job["status"] == "SUCCEEDED"
+    # The Batch job's facts go to the task log, not to the XCom.
+    log = capfd.readouterr().out
+    assert f"ran as {{'aws_batch_job_id': '{job_id}'" in log and "'exit_code': 0" in log
+    command = job["container"]["command"]
+    # The job's argv, then the result record's name (the task id) and a fresh attempt id.
+    assert command[:-4] == op.build_job_spec().argv("python")
+    assert command[-4:-1] == ["--result-name", "train", "--attempt-id"]
+    assert len(command[-1]) == 32 and int(command[-1], 16) >= 0
+    assert command[:3] == ["python", "-m", "embedfresh.jobs.train"]
     env = {e["name"]: e["value"] for e in job["container"]["environment"]}
     assert {k: env[k] for k in NEURON_ENV} == NEURON_ENV
-    assert env[ARTIFACT_ROOT_ENV] == "s3://bucket/prod"
+    assert env[ARTIFACT_ROOT_ENV] == root
     assert env["FROM_DEFINITION"] == "1"  # the definition's env stays under the overrides
     assert job["tags"] == {"team": "search"}
     assert job["jobName"] == "embedfresh-train-scheduled__2026-01-02T00-00-00-00-00"
@@ -203,10 +187,30 @@ def test_a_failed_job_without_an_exit_code_is_a_retryable_transient_fault(batch,
     assert describe(batch, op.runner.job_id)["status"] == "FAILED"
 
 
-def test_on_kill_terminates_the_submitted_job(batch):
-    op = train_operator()
+def test_a_jobs_own_exit_code_reaches_the_task_through_the_batch_record(
+    batch, batch_executor, tmp_path
+):
+    """The job really runs (the executor): training on a store without data is bad input,
+    exit 2 on the Batch attempt, and the task fails for good; no record is written."""
+    root = f"file://{tmp_path}"
+    op = train_operator(root, python=PYTHON)
+    with pytest.raises(AirflowFailException, match="exit code 2 .bad input") as info:
+        op.execute({})
+    [run] = batch_executor.executed
+    assert run.job_id == op.runner.job_id and run.exit_code == 2
+    assert run.env[ARTIFACT_ROOT_ENV] == root and run.env["AWS_BATCH_JOB_ID"] == run.job_id
+    assert "train: error:" in run.stderr and "missing training partition" in run.stderr
+    job = describe(batch, run.job_id)
+    assert job["status"] == "FAILED" and job["attempts"][-1]["container"]["exitCode"] == 2
+    assert f"AWS Batch job {run.job_id} FAILED" in str(info.value)
+    assert not (tmp_path / "runs/tiny" / RUN_ID / "results").exists()
+
+
+def test_on_kill_terminates_the_submitted_job(batch, tmp_path):
+    op = train_operator(f"file://{tmp_path}")
     op.on_kill()  # nothing submitted yet: nothing to stop
-    op.execute({})
+    with pytest.raises(AirflowException, match="wrote no result record"):
+        op.execute({})  # moto "ran" it: SUCCEEDED, nothing written
     op.on_kill()
     job = describe(batch, op.runner.job_id)
     assert job["statusReason"] == "Airflow task killed (on_kill)"
@@ -215,13 +219,16 @@ def test_on_kill_terminates_the_submitted_job(batch):
 # --- multi-node parallel --------------------------------------------------------------
 
 
-def test_a_multi_node_job_overrides_every_node_with_a_torchrun_launcher_and_efa(batch):
-    op = train_operator(job_definition=MULTI, num_nodes=2, gpus=8)
+def test_a_multi_node_job_overrides_every_node_with_a_torchrun_launcher_and_efa(batch, tmp_path):
+    root = f"file://{tmp_path}"
+    op = train_operator(root, job_definition=MULTI, num_nodes=2, gpus=8)
     op.nproc_per_node = 8
     sent = capture_submit_requests(op.runner)
-    summary = op.execute({})
+    with pytest.raises(AirflowException, match="wrote no result record at") as info:
+        op.execute({})  # moto ends the job SUCCEEDED without running any node
+    assert f"at {record_url(root, 'train')}:" in str(info.value)
 
-    job = describe(batch, summary["aws_batch_job_id"])
+    job = describe(batch, op.runner.job_id)
     assert job["status"] == "SUCCEEDED"
     assert job["nodeProperties"]["numNodes"] == 2  # moto keeps the definition's, not ours
     [request] = sent
@@ -234,10 +241,12 @@ def test_a_multi_node_job_overrides_every_node_with_a_torchrun_launcher_and_efa(
     env = {e["name"]: e["value"] for e in container["environment"]}
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert {k: env[k] for k in NEURON_ENV} == NEURON_ENV
-    assert env[ARTIFACT_ROOT_ENV] == "s3://bucket/prod"
+    assert env[ARTIFACT_ROOT_ENV] == root
     assert container["resourceRequirements"] == [{"type": "GPU", "value": "8"}]
     sh, dash_c, script = container["command"]
     assert (sh, dash_c) == ("sh", "-c")
+    # Every node runs the job with the same result name and attempt id; rank 0 writes.
+    assert " --result-name train --attempt-id " in script
     for piece in (
         '--nnodes "$AWS_BATCH_JOB_NUM_NODES"',
         '--node_rank "$AWS_BATCH_JOB_NODE_INDEX"',
@@ -304,9 +313,13 @@ def test_the_launcher_finds_the_main_node_at_run_time_and_keeps_every_argument(f
 # --- deferrable -------------------------------------------------------------------------
 
 
-def test_deferrable_returns_at_once_when_the_job_already_ended(batch):
-    op = train_operator(deferrable=True)
-    assert op.execute({})["status"] == "SUCCEEDED"  # moto ends jobs at submit: no deferral
+def test_deferrable_returns_at_once_when_the_job_already_ended(batch, batch_executor, tmp_path):
+    op = health_operator(f"file://{tmp_path}", deferrable=True)
+    # The executor ends the job within SubmitJob: no deferral, the record's summary.
+    summary = op.execute({})
+    assert summary["verdict"] == "PASS"
+    [run] = batch_executor.executed
+    assert run.stdout.strip().splitlines()[-1] == json.dumps(summary, sort_keys=True)
 
 
 class StillRunning(AwsBatchRunner):
@@ -321,8 +334,11 @@ class StillRunning(AwsBatchRunner):
         return super().result(job_id)
 
 
-def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(batch):
-    op = train_operator(deferrable=True, poll_interval=45, max_polls=100)
+def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(
+    batch, batch_executor, tmp_path
+):
+    root = f"file://{tmp_path}"
+    op = health_operator(root, deferrable=True, poll_interval=45, max_polls=100)
     op.__dict__["runner"] = StillRunning(op.runner.settings)
     with pytest.raises(TaskDeferred) as info:
         op.execute({})
@@ -333,13 +349,27 @@ def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(bat
     job_id = op.runner.job_id
     assert kwargs["job_id"] == job_id and kwargs["region_name"] == REGION
     assert kwargs["waiter_delay"] == 45 and kwargs["waiter_max_attempts"] == 100
+    # The result ticket travels with the deferral (Airflow passes it back as kwargs).
+    [run] = batch_executor.executed
+    ticket = deferred.kwargs["result"]
+    assert run.command[-4:] == ["--result-name", "health", "--attempt-id", ticket["attempt_id"]]
 
-    # What the trigger yields when the waiter sees SUCCEEDED; a fresh operator resumes.
-    resumed = train_operator(deferrable=True)
-    summary = resumed.execute_complete({}, {"status": "success", "job_id": job_id})
-    assert summary["aws_batch_job_id"] == job_id and summary["exit_code"] == 0
+    # What the trigger yields when the waiter sees SUCCEEDED; a fresh operator resumes
+    # and returns the record that Batch job wrote.
+    event = {"status": "success", "job_id": job_id}
+    resumed = health_operator(root, deferrable=True)
+    summary = resumed.execute_complete({}, event, **deferred.kwargs)
+    record = json.loads(Path(record_url(root, "health").removeprefix("file://")).read_text())
+    assert summary == record["summary"] and summary["verdict"] == "PASS"
+    assert record["execution"]["aws_batch_job_id"] == job_id
+    # Resumed with another attempt id (not the one it deferred with): not its record.
+    other = {"result": {**ticket, "attempt_id": "0" * 32}}
+    with pytest.raises(AirflowException, match="was left by another execution"):
+        health_operator(root, deferrable=True).execute_complete({}, event, **other)
+    with pytest.raises(AirflowException, match="without a result name and attempt id"):
+        health_operator(root, deferrable=True).execute_complete({}, event)
     with pytest.raises(AirflowException, match="event is None"):
-        resumed.execute_complete({}, None)
+        resumed.execute_complete({}, None, **deferred.kwargs)
 
 
 def test_a_trigger_error_event_maps_the_jobs_own_failure(batch, monkeypatch):
@@ -417,10 +447,18 @@ def test_a_multi_node_job_takes_the_main_nodes_exit_code():
     assert job_result(parent, main_node=record("FAILED", 4)).exit_code == 4
 
 
-def test_success_carries_a_summary_and_unfinished_jobs_have_no_result():
+def test_success_names_the_batch_job_for_the_log_and_unfinished_jobs_have_no_result():
     done = job_result(record("SUCCEEDED", 0))
-    assert done.exit_code == 0 and done.summary["aws_batch_job_id"] == "abc"
-    assert done.summary["log_stream"] == "embedfresh-train/default/abc"
+    # What the job returned is in its result record; the result only says where it ran.
+    assert done.exit_code == 0 and done.summary is None
+    assert done.details == {
+        "aws_batch_job_id": "abc",
+        "job_name": "embedfresh-gate-r1",
+        "status": "SUCCEEDED",
+        "exit_code": 0,
+        "attempts": 1,
+        "log_stream": "embedfresh-train/default/abc",
+    }
     for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING"):
         assert job_result(record(status)) is None
 
@@ -452,12 +490,29 @@ def test_the_batch_field_is_templated_and_the_runner_is_built_lazily():
         execution_mode="aws_batch",
         batch={"job_definition": "{{ params.job_definition }}", "job_queue": "q"},
     )
-    assert "batch" in op.template_fields and "runner" not in op.__dict__
+    # batch= is the runner's settings under their documented name: templated as such.
+    assert "runner_settings" in op.template_fields and "runner" not in op.__dict__
+    assert op.runner_settings == {"job_definition": "{{ params.job_definition }}", "job_queue": "q"}
+    op.runner_settings = {"job_definition": "rendered", "job_queue": "q", "num_nodes": 2}
+    assert op.runner.settings == BatchSettings(
+        job_definition="rendered", job_queue="q", num_nodes=2
+    )
+    with pytest.raises(ValueError, match="runner_settings or batch, not both"):
+        IncrementalTrainingOperator(
+            task_id="u", artifact_root="s3://b/p", execution_mode="aws_batch",
+            batch={"job_definition": "d"}, runner_settings={"job_queue": "q"},
+        )  # fmt: skip
+    bad = IncrementalTrainingOperator(
+        task_id="v", artifact_root="s3://b/p", execution_mode="aws_batch",
+        runner_settings={"job_definition": "d", "job_queue": "q", "queue": "typo"},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="unknown AWS Batch settings \\['queue'\\]"):
+        _ = bad.runner
 
 
 def test_importing_the_operators_does_not_import_boto3_or_the_provider():
     code = (
-        "import sys, operators; "
+        "import sys, embedfresh.operators; "
         "assert embedfresh.operators.AwsBatchRunner; "
         "heavy = ('boto3', 'botocore', 'airflow.providers.amazon.aws.hooks.base_aws'); "
         "bad = [m for m in heavy if m in sys.modules]; "

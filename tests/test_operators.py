@@ -1,8 +1,11 @@
 """The operators and the local runner, on real processes.
 
-The only stand-in is the command: ``ScriptRunner`` runs a small ``python -c`` program
-instead of ``python -m embedfresh.jobs.<job>`` so every exit code and failure mode is cheap to
-produce; streaming, the exit-code mapping, environment and kill are the real code.
+The only stand-in is the job: ``ScriptJobRunner`` runs a small program built like every
+job (through :func:`embedfresh.core.cli.run_job`, so it writes its result record on
+success) whose work is the task's ``code``, instead of ``python -m
+embedfresh.jobs.<job>``, so every exit code and failure mode is cheap to produce;
+streaming, the exit-code mapping, result records, environment and kill are the real
+code. ``ScriptRunner`` runs bare ``python -c`` code for the runner's own tests.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 import time
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -111,10 +115,15 @@ def test_defaults_are_templates_and_dict_fields_render_as_json():
     op = IncrementalTrainingOperator(task_id="t", artifact_root="{{ params.artifact_root }}")
     assert op.run_id == "{{ run_id }}"
     assert op.data_interval_start == "{{ data_interval_start | ds }}"
-    assert op.template_fields_renderers == {"job_settings": "json", "env": "json", "batch": "json"}
-    with pytest.raises(ValueError):
+    assert op.template_fields_renderers == {
+        "job_settings": "json",
+        "env": "json",
+        "runner_settings": "json",
+    }
+    with pytest.raises(ValueError, match="unknown execution_mode 'kubernetes'; registered: ") as e:
         EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="kubernetes")
-    with pytest.raises(ValueError, match="needs batch="):
+    assert "aws_batch" in str(e.value) and "local" in str(e.value)
+    with pytest.raises(ValueError, match="needs its runner settings, e.g. batch="):
         EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="aws_batch")
 
 
@@ -136,6 +145,35 @@ class ScriptRunner(LocalRunner):
         return [self.python, "-c", spec.settings["code"]]
 
 
+#: A job like every real one (run_job: config, result record, summary, exit code) whose
+#: work is its ``code`` setting: the code may print, exit with any code, or leave its
+#: result in ``SUMMARY``.
+SCRIPT_JOB = textwrap.dedent(
+    """
+    import sys
+    from embedfresh.core.cli import run_job
+    from embedfresh.core.config import JobConfig
+
+    class ScriptConfig(JobConfig):
+        code: str
+
+    def script(config):
+        scope = {}
+        exec(config.code, scope)
+        return scope.get("SUMMARY")
+
+    sys.exit(run_job("script", ScriptConfig, script))
+    """
+)
+
+
+class ScriptJobRunner(LocalRunner):
+    """Runs :data:`SCRIPT_JOB` with the spec's job arguments (settings, result ticket)."""
+
+    def command(self, spec: JobSpec) -> list[str]:
+        return [self.python, "-c", SCRIPT_JOB, *spec.job_args()]
+
+
 class ScriptOperator(EmbedfreshJobOperator):
     job_name = "script"
 
@@ -149,51 +187,101 @@ class ScriptOperator(EmbedfreshJobOperator):
 
     @cached_property
     def runner(self) -> LocalRunner:
-        return ScriptRunner(kill_grace_s=self.kill_grace_s)
+        return ScriptJobRunner(kill_grace_s=self.kill_grace_s)
 
 
-def script(code: str, **kwargs: Any) -> ScriptOperator:
-    return ScriptOperator(task_id="script", artifact_root="file:///unused", code=code, **kwargs)
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    """The artifact store the script jobs write their result records to."""
+    return f"file://{tmp_path / 'store'}"
 
 
-def exits_with(code: int, summary: dict | None = None, error: str = "") -> str:
-    return f"""
-        import json, sys
-        print("working", file=sys.stderr)
-        {f"print({error!r}, file=sys.stderr)" if error else ""}
-        {f"print(json.dumps({summary!r}))" if summary is not None else ""}
-        sys.exit({code})
-    """
+def script(code: str, root: str = "file:///unused", **kwargs: Any) -> ScriptOperator:
+    return ScriptOperator(task_id="script", artifact_root=root, run_id="r1", code=code, **kwargs)
 
 
-def test_exit_0_returns_the_summary_for_xcom():
+def exits_with(code: int, summary: Any = None, error: str = "") -> str:
+    """Code that reports on stderr, then exits ``code``; with exit 0 and a summary it
+    returns the summary instead, so the job writes its record and prints it."""
+    lines = ["import json, sys", 'print("working", file=sys.stderr)']
+    if error:
+        lines.append(f"print({error!r}, file=sys.stderr)")
+    if summary is not None:
+        lines.append(f"SUMMARY = {summary!r}")
+    if code != 0 or summary is None:
+        lines.append(f"sys.exit({code})")
+    return "\n".join(lines)
+
+
+def results_of(root: str) -> Path:
+    return Path(root.removeprefix("file://")) / "runs/tiny/r1/results"
+
+
+def test_exit_0_returns_the_summary_in_the_jobs_result_record_for_xcom(root: str):
     summary = {"status": "ok", "steps": 3}
-    assert script(exits_with(0, summary)).execute({}) == summary
+    assert script(exits_with(0, summary), root).execute({}) == summary
+    record = json.loads((results_of(root) / "script.json").read_text())
+    assert record["summary"] == summary and record["job"] == "script"
+    assert record["name"] == "script"  # the task id, outside a DAG run
+    assert len(record["attempt_id"]) == 32 and record["config"]["run_id"] == "r1"
 
 
-def test_exit_0_without_a_summary_is_a_retryable_failure():
-    with pytest.raises(AirflowException, match="no JSON summary") as info:
-        script(exits_with(0)).execute({})
+def test_exit_0_without_a_result_record_is_a_retryable_failure(root: str):
+    # The job exits 0 before run_job writes anything: its outcome is unknown.
+    with pytest.raises(AirflowException, match="exited 0 but wrote no result record at") as info:
+        script(exits_with(0), root).execute({})
     assert type(info.value) is AirflowException
+    assert f"{root}/runs/tiny/r1/results/script.json:" in str(info.value)
+
+
+def test_a_record_left_by_an_earlier_execution_is_not_this_ones(root: str):
+    first = {"status": "ok", "try": 1}
+    assert script(exits_with(0, first), root).execute({}) == first
+    path = results_of(root) / "script.json"
+    before = path.read_bytes()
+    # The retry's job exits 0 without writing: the record there is the first try's.
+    with pytest.raises(AirflowException, match="was left by another execution") as info:
+        script(exits_with(0), root).execute({})
+    assert type(info.value) is AirflowException
+    assert f"result record file://{path} " in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_mapped_task_instances_each_return_their_own_record(root: str):
+    def ti(map_index: int) -> dict[str, Any]:
+        return {"ti": SimpleNamespace(dag_id="dag", task_id="script", map_index=map_index)}
+
+    returned = [script(exits_with(0, {"i": i}), root).execute(ti(i)) for i in (0, 1)]
+    assert returned == [{"i": 0}, {"i": 1}]
+    assert sorted(p.name for p in results_of(root).iterdir()) == [
+        "dag:script:0.json",
+        "dag:script:1.json",
+    ]
+
+
+def test_a_summary_that_is_not_an_object_is_refused(root: str):
+    with pytest.raises(AirflowException, match="holds a list summary, not the JSON object"):
+        script(exits_with(0, [1, 2]), root).execute({})
 
 
 @pytest.mark.parametrize(
     "code, meaning",
     [(2, "bad input"), (3, "quality gate refused"), (4, "health check")],
 )
-def test_exit_2_3_4_fail_without_retry_and_quote_the_jobs_error(code: int, meaning: str):
+def test_exit_2_3_4_fail_without_retry_and_quote_the_jobs_error(code: int, meaning: str, root: str):
     error = f"job: error: something precise went wrong ({code})"
     with pytest.raises(AirflowFailException) as info:
-        script(exits_with(code, error=error)).execute({})
+        script(exits_with(code, {"never": "recorded"}, error=error), root).execute({})
     message = str(info.value)
     assert f"exit code {code}" in message and meaning in message
     assert message.endswith(error)
+    assert not results_of(root).exists()  # a failed job leaves no record
 
 
 @pytest.mark.parametrize("code, words", [(75, "transient"), (1, "crashed"), (139, "crashed")])
-def test_transient_and_unknown_exits_are_retryable(code: int, words: str):
+def test_transient_and_unknown_exits_are_retryable(code: int, words: str, root: str):
     with pytest.raises(AirflowException, match=words) as info:
-        script(exits_with(code, error="job: error: boom")).execute({})
+        script(exits_with(code, error="job: error: boom"), root).execute({})
     assert type(info.value) is AirflowException  # not AirflowFailException: retried
     assert "boom" in str(info.value)
 
@@ -258,22 +346,22 @@ def test_output_streams_into_the_log_while_the_job_runs(tmp_path: Path):
     assert {"first line", "a warning on stderr", '{"seen": true}'} <= set(handler.lines)
 
 
-def test_the_job_gets_the_worker_env_plus_its_own_and_offline_hub(monkeypatch):
+def test_the_job_gets_the_worker_env_plus_its_own_and_offline_hub(monkeypatch, root: str):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("EMBEDFRESH_TEST_WORKER", "worker")
     code = """
-        import json, os
+        import os
         keys = ["EMBEDFRESH_TEST_WORKER", "EMBEDFRESH_TEST_SPEC", "HF_HUB_OFFLINE"]
-        print(json.dumps({k: os.environ.get(k) for k in keys}))
+        SUMMARY = {k: os.environ.get(k) for k in keys}
     """
-    op = script(code, env={"EMBEDFRESH_TEST_SPEC": "spec"})
+    op = script(code, root, env={"EMBEDFRESH_TEST_SPEC": "spec"})
     assert op.execute({}) == {
         "EMBEDFRESH_TEST_WORKER": "worker",
         "EMBEDFRESH_TEST_SPEC": "spec",
         "HF_HUB_OFFLINE": "1",
     }
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the worker's own choice wins over the default
-    assert script(code).execute({})["HF_HUB_OFFLINE"] == "0"
+    assert script(code, root).execute({})["HF_HUB_OFFLINE"] == "0"
 
 
 # --- on_kill ----------------------------------------------------------------------------
@@ -316,6 +404,7 @@ def run_and_kill(tmp_path: Path, ignore_term: bool, grace: float = 5.0):
     pids_file = tmp_path / "pids.json"
     op = script(
         SPAWNS_A_GRANDCHILD.format(ignore_term=ignore_term),
+        f"file://{tmp_path / 'store'}",
         env={"PIDS_FILE": str(pids_file)},
         kill_grace_s=grace,
     )
@@ -510,6 +599,7 @@ def test_a_failed_health_check_fails_the_task_without_retry(tmp_path: Path):
         op.execute({})
     report = json.loads((tmp_path / "runs/tiny/r1/reports/health.json").read_text())
     assert report["verdict"] == "FAIL"
+    assert not (tmp_path / "runs/tiny/r1/results").exists()  # no record of a failure
 
 
 def test_the_deadline_callback_records_the_breach_where_the_run_writes(tmp_path, caplog):

@@ -1,6 +1,9 @@
 """The one entry-point wrapper every job uses: config in, report out, exit code.
 
-``python -m embedfresh.jobs.<name> --config FILE [--set key=value ...]``. Errors of the contract
+``python -m embedfresh.jobs.<name> --config FILE [--set key=value ...] [--result-name NAME]
+[--attempt-id ID]``. On success the job's summary is written as its result record
+(:mod:`embedfresh.core.results`, what the operator returns as XCom) and printed as the last
+stdout line (what a person at a shell reads); on failure nothing is. Errors of the contract
 (:mod:`embedfresh.core.exit_codes`) print one line ``<job>: error: <message>`` on stderr and exit
 with their code. A storage fault that surfaces outside the artifact store's own
 wrappers (a Parquet reader pulling bytes from S3, a connection dropped mid-stream) is
@@ -11,19 +14,23 @@ is a crash (traceback, exit 1) that Airflow retries.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
-from embedfresh.core.config import load_config
+from embedfresh.core.config import JobConfig, load_config
 from embedfresh.core.exit_codes import ExitCode, JobError
+from embedfresh.core.layout import safe_id
+from embedfresh.core.results import ATTEMPT_ID_OPTION, RESULT_NAME_OPTION, write_result
 from embedfresh.core.storage import is_transient
 
-C = TypeVar("C", bound=BaseModel)
+C = TypeVar("C", bound=JobConfig)
+
+log = logging.getLogger(__name__)
 
 
 def configure_logging() -> None:
@@ -41,7 +48,13 @@ def run_job(
     fn: Callable[[C], dict[str, Any]],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Parse arguments, run ``fn(config)``, print its summary, return the exit code."""
+    """Parse arguments, run ``fn(config)``, record and print its summary, return the exit code.
+
+    The result record goes to ``runs/{model}/{run_id}/results/{result name}.json`` of the
+    config's store, written after ``fn`` returned and before the summary is printed, so a
+    record exists only for an execution that succeeded. Under torchrun only global rank 0
+    writes it: the other ranks return their own small summaries.
+    """
     parser = argparse.ArgumentParser(
         prog=f"python -m embedfresh.jobs.{name}", description=fn.__doc__
     )
@@ -54,11 +67,37 @@ def run_job(
         metavar="KEY=VALUE",
         help="override one config field (value parsed as JSON when possible)",
     )
+    parser.add_argument(
+        RESULT_NAME_OPTION,
+        dest="result_name",
+        metavar="NAME",
+        help="name of the result record written on success, "
+        f"runs/<model>/<run_id>/results/NAME.json (default: {name})",
+    )
+    parser.add_argument(
+        ATTEMPT_ID_OPTION,
+        dest="attempt_id",
+        metavar="ID",
+        help="copied into the result record, so whoever started this execution can tell "
+        "its record from one an earlier execution left",
+    )
     args = parser.parse_args(argv)
     configure_logging()
     try:
+        result_name = safe_id(args.result_name or name, "result name")
         config = load_config(config_cls, args.config, args.overrides)
+        started_at = dt.datetime.now(dt.UTC)
         summary = fn(config)
+        if _is_global_rank_zero():
+            url = write_result(
+                config,
+                job=name,
+                name=result_name,
+                attempt_id=args.attempt_id,
+                summary=summary,
+                started_at=started_at,
+            )
+            log.info("result record written: %s", url)
     except JobError as e:
         print(f"{name}: error: {e}", file=sys.stderr, flush=True)
         return int(e.exit_code)
@@ -74,6 +113,11 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+def _is_global_rank_zero() -> bool:
+    """True outside torchrun, and on global rank 0 under it (``RANK``, set by torchrun)."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def main_for(name: str, config_cls: type[C], fn: Callable[[C], dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     compile-cache/{backend}/{key}/...
     runs/{model}/{run_id}/checkpoints/step-00000100/...        + COMMIT written last
     runs/{model}/{run_id}/reports/{kind}.json
+    runs/{model}/{run_id}/results/{name}.json                  a job's result record
     models/{model}/versions/{version}/...                      + COMMIT written last
     models/{model}/registry.json
     embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
@@ -76,6 +77,20 @@ def eval_step_report(step: int) -> str:
 
 def reports(model: str, run_id: str) -> str:
     return f"{run_dir(model, run_id)}/reports"
+
+
+def results(model: str, run_id: str) -> str:
+    """The run's result records: one per successful job execution (:mod:`embedfresh.core.results`)."""
+    return f"{run_dir(model, run_id)}/results"
+
+
+def result(model: str, run_id: str, name: str) -> str:
+    """The result record ``name`` of a run: what the job returned, read back by its operator.
+
+    ``name`` is unique per Airflow task instance (see :func:`embedfresh.core.results.result_name`),
+    the job's own name when a person runs it at a shell.
+    """
+    return f"{results(model, run_id)}/{safe_id(name, 'result name')}.json"
 
 
 def model_version(model: str, version: str) -> str:

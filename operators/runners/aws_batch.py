@@ -140,6 +140,14 @@ class AwsBatchRunner:
         self.settings = settings
         self.job_id: str | None = None
 
+    @classmethod
+    def from_settings(cls, **values: Any) -> AwsBatchRunner:
+        """The runner for an operator's ``runner_settings`` (:class:`BatchSettings` fields).
+
+        :raises ValueError: unknown or invalid settings.
+        """
+        return cls(BatchSettings.from_mapping(values))
+
     @property
     def deferrable(self) -> bool:
         return self.settings.deferrable
@@ -313,7 +321,13 @@ class AwsBatchRunner:
                 f"AWS Batch job {job_id} has not finished after waiting; the task's retry "
                 "submits it again and the job resumes from its checkpoint"
             )
-        log.info("AWS Batch job %s exited with code %s: %s", job_id, result.exit_code, result.tail)
+        details = result.details
+        log.info(
+            "AWS Batch job %s (%s) %s with exit code %s after %s attempt(s); its output is "
+            "in log stream %s: %s",
+            job_id, details.get("job_name"), details.get("status"), result.exit_code,
+            details.get("attempts"), details.get("log_stream"), result.tail,
+        )  # fmt: skip
         return result
 
     def result(self, job_id: str) -> JobResult | None:
@@ -350,8 +364,9 @@ def job_result(
     SUCCEEDED is exit 0; FAILED carries the container's exit code, from the main node's
     record for multi-node jobs. A FAILED job with no exit code never ran to an exit (host
     reclaimed, image not pulled, terminated, timed out): 75, transient, so Airflow
-    retries and the job resumes. The summary names the job; the job's own JSON summary
-    stays in its log stream and its reports in the artifact store.
+    retries and the job resumes. The result's details name the Batch job (for the task
+    log); what the job returned is in its result record in the artifact store, which
+    the operator reads, and its stdout in its log stream.
     """
     status = job.get("status")
     if status not in ("SUCCEEDED", "FAILED"):
@@ -364,7 +379,7 @@ def job_result(
     attempts = job.get("attempts") or []
     container = (attempts[-1].get("container") if attempts else None) or job.get("container") or {}
     reason = "; ".join(part for part in (job.get("statusReason"), container.get("reason")) if part)
-    summary = {
+    details = {
         "aws_batch_job_id": job.get("jobId"),
         "job_name": job.get("jobName"),
         "status": status,
@@ -373,4 +388,4 @@ def job_result(
         "log_stream": container.get("logStreamName"),
     }
     tail = f"AWS Batch job {job.get('jobId')} {status}" + (f": {reason}" if reason else "")
-    return JobResult(exit_code=code, summary=summary if code == ExitCode.OK else None, tail=tail)
+    return JobResult(exit_code=code, summary=None, tail=tail, details=details)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from embedfresh.operators.job_spec import JobSpec
@@ -13,14 +14,21 @@ from embedfresh.operators.job_spec import JobSpec
 class JobResult:
     """How one job run ended.
 
+    What the job returned is not here: the operator reads it from the job's result record
+    (:mod:`embedfresh.core.results`), which every runner's jobs write to the same store.
+
     :param exit_code: the job's exit status (negative: killed by that signal number).
-    :param summary: the JSON object the job printed as its last stdout line, if any.
+    :param summary: the JSON object the job printed as its last stdout line, if the runner
+        saw its stdout (the local runner does; a remote one does not). For the log only.
     :param tail: the last lines of the job's stderr, where errors are reported.
+    :param details: where and how the job ran, in the runner's terms (the AWS Batch job
+        id, its attempts and log stream, ...), written to the task log.
     """
 
     exit_code: int
     summary: dict[str, Any] | None
     tail: str
+    details: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def last_error_line(self) -> str:
@@ -32,7 +40,13 @@ class JobResult:
 
 
 class Runner(Protocol):
-    """Runs a job spec to completion somewhere, streaming its output into ``log``."""
+    """Runs a job spec to completion somewhere, streaming its output into ``log``.
+
+    A runner runs ``spec``'s command line (:meth:`JobSpec.argv`, with the result-record
+    options) and reports how it ended; the job itself writes its result record. Register
+    a new one under an ``execution_mode`` name with
+    :func:`~embedfresh.operators.runners.registry.register_runner`.
+    """
 
     def run(self, spec: JobSpec, log: logging.Logger) -> JobResult: ...
 
