@@ -29,7 +29,7 @@ LOCAL_AIRFLOW := AIRFLOW_HOME=$(LOCAL_AIRFLOW_HOME) \
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -53,13 +53,16 @@ airflow: $(STAMP)
 	AIRFLOW__CORE__PARALLELISM=4 \
 	$(VENV)/bin/airflow standalone
 
-## Lint, format check and the whole test suite.
+## Lint, format check, import contracts and the whole test suite.
 test: lint
 	$(PY) -m pytest -q
 
+## ruff, then the import contracts ([tool.importlinter] in pyproject.toml) with lint-imports
+## on the tree laid out as it installs (scripts/lint_imports.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/lint_imports.py
 
 ## Re-resolve requirements.txt / requirements-dev.txt from the *.in files.
 lock: $(STAMP)
