@@ -1,18 +1,9 @@
 """Evaluation on the fixed held-out split: ``python -m embedfresh.jobs.evaluate --config eval.yaml``.
 
-Relevance head: accuracy, ROC AUC and log-loss over (query, product) pairs. Retrieval:
-recall@10 of each query's relevant products, ranked by the cosine of their embeddings
-within a fixed-size candidate pool per query (``recall_pool``, default 100): its relevant
-products plus negatives sampled from the eval products with a seed derived from
-(:data:`POOL_SEED`, query id), so every model evaluated on this eval set meets the same
-pools and the gate's per-query outcomes stay paired. Among all eval products
-(``recall_pool=None``) recall@10 shrinks as the eval set grows and no eval size let the
-gate decide; over a fixed pool more queries narrow the interval (figures: docs/GATE.md).
-
-Writes ``reports/{name}.json`` (with the pool definition used, ``recall_pool``) and, for
-the paired bootstrap of the quality gate, the per-example outcomes next to it
-(``{name}.examples.parquet``: label and probability per pair;
-``{name}.queries.parquet``: recall@10 per query).
+Accuracy, ROC AUC and log-loss of the relevance head and recall@10 over fixed candidate
+pools, as :mod:`embedfresh.ml.evaluation` defines them (the gate's reference and the
+training curve use the same code). Writes ``reports/{name}.json`` and, for the gate's
+paired bootstrap, the per-example outcomes next to it.
 """
 
 from __future__ import annotations
