@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import enum
+import inspect
 import json
 import logging
 import os
+import re
 import sys
+import textwrap
+import types
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from embedfresh.core.config import JobConfig, load_config
 from embedfresh.core.exit_codes import ExitCode, JobError
@@ -56,7 +65,10 @@ def run_job(
     writes it: the other ranks return their own small summaries.
     """
     parser = argparse.ArgumentParser(
-        prog=f"python -m embedfresh.jobs.{name}", description=fn.__doc__
+        prog=f"python -m embedfresh.jobs.{name}",
+        description=inspect.cleandoc(fn.__doc__ or ""),
+        epilog=config_help(config_cls),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="JSON or YAML file with the job's config")
     parser.add_argument(
@@ -113,6 +125,101 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+FIELDS_HEADING = "config fields (--set KEY=VALUE or --config FILE):"
+HELP_WIDTH = 88
+
+
+def config_help(config_cls: type[BaseModel]) -> str:
+    """The ``--help`` epilog: every field of ``config_cls`` with its type, its default (or
+    ``required``) and its description (the attribute docstring under the field)."""
+    lines = [FIELDS_HEADING]
+    for name, field in config_cls.model_fields.items():
+        head, default = field_summary(field)
+        if len(f"  {name}: {head}, {default}") <= HELP_WIDTH:
+            lines.append(f"  {name}: {head}, {default}")
+        else:  # a long type or default: the default on a line of its own
+            lines += [f"  {name}: {head},", f"      {default}"]
+        text = _plain(field_description(config_cls, name) or "")
+        if text:
+            lines += textwrap.wrap(
+                text, HELP_WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6
+            )
+    return "\n".join(lines)
+
+
+def field_summary(field: FieldInfo) -> tuple[str, str]:
+    """``("int (>= 1)", "default 4096")``, ``("str", "required")``: type and bounds, default."""
+    bounds = []
+    for item in field.metadata:
+        for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(item, attr, None) is not None:
+                bounds.append(f"{op} {getattr(item, attr)}")
+        if getattr(item, "min_length", None):
+            bounds.append("non-empty" if item.min_length == 1 else f">= {item.min_length} items")
+    summary = _type_name(field.annotation) + (f" ({', '.join(bounds)})" if bounds else "")
+    if field.is_required():
+        return summary, "required"
+    return summary, f"default {format_default(_default(field))}"
+
+
+def format_default(value: Any) -> str:
+    """A default as it is written after ``--set KEY=``: strings bare, the rest as compact
+    JSON (``null``, ``true``, ``[16,32]``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.date | dt.datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return format_default(value.value)
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def field_description(config_cls: type[BaseModel], name: str) -> str | None:
+    """The field's description; a subclass that redefines a field without a docstring
+    (a new default, say) keeps the description of the class it inherits it from."""
+    for klass in config_cls.__mro__:
+        fields = getattr(klass, "model_fields", None)
+        if isinstance(fields, dict) and name in fields and fields[name].description:
+            return fields[name].description
+    return None
+
+
+def _default(field: FieldInfo) -> Any:
+    if field.default_factory is None:
+        return field.default
+    try:
+        return field.default_factory()
+    except TypeError:  # a factory that takes the validated data: no value without it
+        return "<computed>"
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return "{" + ",".join(str(a) for a in args) + "}"
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        base = getattr(origin, "__name__", str(origin))
+        return f"{base}[{', '.join(_type_name(a) for a in args)}]" if args else base
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+_ROLE = re.compile(r":[\w:]+:`(~?)([^`]+)`")
+
+
+def _plain(text: str) -> str:
+    """A docstring as plain text on one line: reST roles and double backticks dropped."""
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return " ".join(text.replace("``", "").split())
 
 
 def _is_global_rank_zero() -> bool:

@@ -13,11 +13,12 @@ multi-node launcher.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import parse_args, run
+from torch.distributed.run import get_args_parser, run
 
 
 def exit_code_of(error: ChildFailedError) -> int:
@@ -29,8 +30,20 @@ def exit_code_of(error: ChildFailedError) -> int:
     return code or 1
 
 
+def _parser() -> argparse.ArgumentParser:
+    """torchrun's own parser (its arguments, unchanged) under this program's name."""
+    parser = get_args_parser()
+    parser.prog = "python -m embedfresh.jobs.launch"
+    parser.description = (
+        "torchrun that keeps the exit-code contract: the same arguments as torchrun, and "
+        "the exit code of the first worker that failed (2, 3, 4 and 75 keep their "
+        "meaning; a worker killed by a signal gives 128 + signal)."
+    )
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         run(args)
     except ChildFailedError as e:

@@ -22,10 +22,14 @@ from embedfresh.core.settings import default_artifact_root
 class JobConfig(BaseModel):
     """What every job shares: where artifacts live, which model, which run."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), frozen=True)
+    # The string literal under a field is its description (``--help`` lists them).
+    model_config = ConfigDict(
+        extra="forbid", protected_namespaces=(), frozen=True, use_attribute_docstrings=True
+    )
 
     artifact_root: str = Field(default_factory=default_artifact_root)
-    """Root URL of the artifact store: ``file:///...`` or ``s3://bucket/prefix``."""
+    """Root URL of the artifact store: ``file:///...`` or ``s3://bucket/prefix``. Default:
+    ``$EMBEDFRESH_ARTIFACT_ROOT``, else ``$AIRFLOW_HOME/embedfresh-artifacts``."""
     model: str = "tiny"
     """Model config name (``tiny`` or ``minilm``); also the model's name in the registry."""
     run_id: str = "manual"

@@ -14,9 +14,11 @@ class EvaluateConfig(JobConfig):
     """Evaluation of one model version on the fixed held-out split."""
 
     dataset: str = "products"
+    """Data set whose fixed held-out split (``datasets/{dataset}/eval/``) is evaluated."""
     version: str | None = None
     """Model version to evaluate; defaults to the run id (what the train job published)."""
     batch_size: int = Field(default=64, ge=1)
+    """Examples per forward pass (fixed shape; the last batch is padded)."""
     report_name: str = "eval"
     """Report file name under the run's reports/ (``eval`` -> ``eval.json``)."""
     recall_pool: int | None = Field(default=100, gt=10)
@@ -38,9 +40,12 @@ class GateConfig(JobConfig):
     """The quality gate: candidate vs reference on the same held-out examples."""
 
     dataset: str = "products"
+    """Data set of the eval split both versions are compared on."""
     version: str | None = None
     """Candidate version; defaults to the run id. Its eval report must exist."""
     mode: Literal["no_regression", "parity"] = "no_regression"
+    """``no_regression``: one-sided, improvements pass; ``parity``: two-sided
+    ``|d| < tolerance`` (docs/GATE.md)."""
     reference: str = "production"
     """``production`` (the registry's production version, falling back to the baseline
     before the first promotion) or a pinned version name."""
@@ -50,12 +55,17 @@ class GateConfig(JobConfig):
     metrics: list[str] = Field(
         default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
     )
+    """Metrics that must all pass; each is compared on the same eval examples."""
     tolerance: float = Field(default=0.001, ge=0, lt=1)
     """Relative tolerance: 0.001 is the 0.1% quality SLA."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    """Confidence level of the paired bootstrap intervals."""
     resamples: int = Field(default=1000, ge=100)
+    """Bootstrap resamples per metric."""
     seed: int = 0
+    """Seed of the bootstrap (and of the baseline's init, when it is published)."""
     batch_size: int = Field(default=64, ge=1)
+    """Batch size of the reference's evaluation, when the gate has to run it."""
 
     @field_validator("dataset", "version", "reference", "baseline")
     @classmethod

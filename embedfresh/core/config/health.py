@@ -45,6 +45,7 @@ class HealthConfig(JobConfig):
     collective_ops: list[CollectiveOp] = Field(
         default_factory=lambda: ["all_reduce", "all_gather", "reduce_scatter"], min_length=1
     )
+    """Collectives checked and timed across all ranks."""
     collective_sizes: list[int] = Field(
         default_factory=lambda: [4 << 10, 256 << 10, 4 << 20], min_length=1
     )
@@ -57,6 +58,7 @@ class HealthConfig(JobConfig):
     """Optional floor of bus bandwidth (GB/s, 1e9 bytes) per op, applied to sizes of
     at least ``busbw_min_size_bytes`` (small sizes measure latency, not bandwidth)."""
     busbw_min_size_bytes: int = Field(default=1 << 20, ge=1)
+    """Smallest buffer size the ``min_busbw_gbps`` floors apply to."""
     dist_timeout_s: float = Field(default=300, gt=0)
     """Limit of any one collective (and of the rendezvous): a hung link fails the check."""
     neuron_tools: Literal["auto", "on", "off"] = "auto"
@@ -66,15 +68,20 @@ class HealthConfig(JobConfig):
     nccom_ops: list[NccomOp] = Field(
         default_factory=lambda: ["allr", "allg", "redsct"], min_length=1
     )
+    """``nccom-test`` operations: all-reduce, all-gather, reduce-scatter."""
     nccom_ranks: int | None = Field(default=None, ge=2)
     """``nccom-test -r``; None: every NeuronCore ``neuron-ls`` lists on the node."""
     nccom_min_bytes: int = Field(default=1 << 10, ge=4)
+    """``nccom-test -b``: smallest size swept, in bytes."""
     nccom_max_bytes: int = Field(default=32 << 20, ge=4)
+    """``nccom-test -e``: largest size swept, in bytes."""
     nccom_step_factor: int = Field(default=8, ge=2)
+    """``nccom-test -f``: factor between successive sizes."""
     nccom_min_busbw_gbps: float | None = Field(default=None, gt=0)
     """Optional floor of nccom-test's bus bandwidth at its largest size (its GB/s are
     GiB/s: 1,073,741,824 bytes)."""
     tool_timeout_s: float = Field(default=600, gt=0)
+    """Limit of each ``neuron-ls`` / ``nccom-test`` run, in seconds."""
 
     @field_validator("collective_sizes")
     @classmethod

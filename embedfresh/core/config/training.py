@@ -21,29 +21,37 @@ class TrainConfig(JobConfig):
     """Incremental training on the partitions of one data interval."""
 
     dataset: str = "products"
+    """Data set name: trains on ``datasets/{dataset}/train/dt=YYYY-MM-DD/``."""
     data_interval_start: dt.date
     """First day of data (inclusive)."""
     data_interval_end: dt.date | None = None
     """Last day of data (exclusive); defaults to the day after the start."""
     epochs: int = Field(default=2, ge=1)
+    """Passes over the interval's training rows."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many optimizer steps even if epochs remain."""
     batch_size: int | None = Field(default=None, ge=1)
     """Examples per step; None takes the model config's default. Fixed (drop_last)."""
     learning_rate: float | None = Field(default=None, gt=0)
+    """Peak learning rate of encoder and head; None: the model config's own two rates."""
     incremental_lr_scale: float = Field(default=0.1, gt=0, le=1)
     """Learning-rate factor when starting from the production model (fine-tuning)."""
     warmup_steps: int = Field(default=10, ge=0)
+    """Steps of linear warm-up, then linear decay to 10% of the peak."""
     weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
     contrastive_weight: float = Field(default=1.0, ge=0)
     """Weight of the in-batch contrastive loss that trains the embedding for retrieval."""
     contrastive_temperature: float = Field(default=0.05, gt=0)
+    """Temperature of that contrastive loss's softmax."""
     checkpoint_every: int = Field(default=50, ge=1)
     """Optimizer steps between checkpoints: the most work a failure can lose."""
     keep_last: int = Field(default=2, ge=1)
     """Committed checkpoints kept per run."""
     seed: int = 0
+    """Seed of the weight init, data order and dropout: same seed, same run."""
     init: Literal["auto", "production", "base", "version"] = "auto"
     """``production``: start from the registry's production version (error if none);
     ``base``: from the config's base weights (random for tiny, MiniLM for minilm);
@@ -56,6 +64,7 @@ class TrainConfig(JobConfig):
     version: str | None = None
     """Name of the model version this run publishes; defaults to the run id."""
     log_every: int = Field(default=10, ge=1)
+    """Optimizer steps between progress lines in the log."""
     eval_every: int | None = Field(default=None, ge=1)
     """Evaluate the current weights on the held-out split every this many steps (and at
     the last step): ``reports/eval-step-{step:08d}.json`` + outcomes, and the train
@@ -131,10 +140,13 @@ class ParityConfig(TrainConfig):
     metrics: list[str] = Field(
         default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
     )
+    """Metrics gated at every evaluation point."""
     tolerance: float = Field(default=0.001, ge=0, lt=1)
     """Relative two-sided tolerance: 0.001 is the 0.1% SLA."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    """Confidence level of the paired bootstrap intervals."""
     resamples: int = Field(default=1000, ge=100)
+    """Bootstrap resamples per metric and evaluation point."""
     gate_seed: int = 0
     """Seed of the paired bootstrap (``seed`` is the training seed)."""
     timeout_seconds: float = Field(default=3600, gt=0)
