@@ -359,3 +359,19 @@ def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, bad: list[str]
     assert code == 2
     assert err.startswith("generate_data: error: ")
     assert err.count("\n") == 1
+
+
+def test_cli_defaults_are_the_demo_data_set(tmp_path, capsys, monkeypatch) -> None:
+    """Only sizes given: data set and corpus ``products``, two days from 2026-01-01 (what
+    ``make demo`` and the DAGs' Params expect), into the jobs' default artifact root."""
+    monkeypatch.setenv("EMBEDFRESH_ARTIFACT_ROOT", f"file://{tmp_path}")
+    sizes = ["--train-rows", "50", "--eval-rows", "40", "--corpus-rows", "30"]
+    assert generate_data.main(sizes) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [p["day"] for p in summary["train"]] == ["2026-01-01", "2026-01-02"]
+    store = ArtifactStore(f"file://{tmp_path}")
+    assert store.listdir(layout.train_partitions("products")) == [
+        "dt=2026-01-01",
+        "dt=2026-01-02",
+    ]
+    assert store.listdir(layout.corpus("products")) == [layout.part_name(0)]

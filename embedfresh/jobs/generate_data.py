@@ -1,9 +1,11 @@
 """Write the synthetic product-search data set: ``python -m embedfresh.jobs.generate_data ...``.
 
 Generates the daily training partitions, the eval split and the corpus shards with
-:func:`embedfresh.ml.data.generate.write_dataset` and prints its summary as JSON. Bad arguments
-exit 2 with one line on stderr; storage faults exit with their code from
-:mod:`embedfresh.core.exit_codes` (75 when worth retrying).
+:func:`embedfresh.ml.data.generate.write_dataset` and prints its summary as JSON. Every
+argument has a default: with none, it writes the embedded demo's data set (``make demo``'s
+sizes: data set and corpus ``products``, two days from 2026-01-01) into the artifact root
+the jobs and DAGs use by default. Bad arguments exit 2 with one line on stderr; storage
+faults exit with their code from :mod:`embedfresh.core.exit_codes` (75 when worth retrying).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from embedfresh.core.exit_codes import BadInputError, ExitCode, JobError
+from embedfresh.core.settings import default_artifact_root
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.data.generate import write_dataset
 
 PROG = "generate_data"
+#: The embedded demo's first day (``scripts/demo.py``, the DAGs' start date).
+DEFAULT_START = dt.date(2026, 1, 1)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,18 +62,35 @@ def _seed(value: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--root", required=True, help="artifact store root (file:// or s3://)")
-    parser.add_argument("--dataset", required=True, help="data set name")
-    parser.add_argument("--seed", type=_seed, default=0)
-    parser.add_argument("--start", type=_date, required=True, help="first day, YYYY-MM-DD")
-    parser.add_argument("--days", type=_count, default=1)
-    parser.add_argument("--train-rows", type=_count, default=4000, help="rows per day")
-    parser.add_argument("--eval-rows", type=_count, default=2000)
-    parser.add_argument("--corpus", required=True, help="corpus name")
-    parser.add_argument("--corpus-rows", type=_count, default=5000)
-    parser.add_argument("--corpus-shard-rows", type=_count, default=100_000)
+    parser = _Parser(
+        prog=f"python -m embedfresh.jobs.{PROG}",
+        description="Write the synthetic product-search data set (daily training partitions, "
+        "the eval split, the corpus shards) and print its summary as JSON. With no "
+        "arguments: the embedded demo's data set, into the jobs' default artifact root.",
+        formatter_class=_Formatter,
+    )
+    add = parser.add_argument
+    add(
+        "--root",
+        metavar="URL",
+        default=default_artifact_root(),
+        help="artifact store root, file:// or s3:// "
+        "($EMBEDFRESH_ARTIFACT_ROOT, else $AIRFLOW_HOME/embedfresh-artifacts)",
+    )
+    add("--dataset", metavar="NAME", default="products", help="data set name")
+    add("--seed", metavar="N", type=_seed, default=0, help="same arguments, same bytes")
+    add("--start", metavar="DAY", type=_date, default=DEFAULT_START, help="first day, YYYY-MM-DD")
+    add("--days", metavar="N", type=_count, default=2, help="daily training partitions")
+    add("--train-rows", metavar="N", type=_count, default=4000, help="training rows per day")
+    add("--eval-rows", metavar="N", type=_count, default=10000, help="held-out eval rows")
+    add("--corpus", metavar="NAME", default="products", help="corpus name")
+    add("--corpus-rows", metavar="N", type=_count, default=5000, help="texts in the corpus")
+    add("--corpus-shard-rows", metavar="N", type=_count, default=1000, help="texts per shard")
     return parser
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help."""
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
