@@ -159,7 +159,6 @@ def run_parity(workdir: Path) -> dict:
     from embedfresh.core.config import EmbedConfig
     from embedfresh.core.config.embedding import DEFAULT_LENGTHS
     from embedfresh.core.storage import ArtifactStore
-    from embedfresh.jobs.export_st import default_max_length
     from embedfresh.ml.backends import get_backend
     from embedfresh.ml.data.generate import write_dataset
     from embedfresh.ml.embedding.bucketing import VariableTokenizer, padded_lengths
@@ -174,7 +173,7 @@ def run_parity(workdir: Path) -> dict:
     versions.load_base_weights(model)
     model.eval()
     backend = get_backend("cpu")
-    max_length = default_max_length(spec)
+    max_length = spec.embedding_max_length
     tok = VariableTokenizer(tokenizer_file().read_bytes(), max_length)
     budget = EmbedConfig.model_fields["token_budget"].default
     result, summary = parity_gate(

@@ -69,10 +69,10 @@ def _outputs(store: ArtifactStore, corpus: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def _reference(store: ArtifactStore, texts: list[str]) -> np.ndarray:
-    """Each text tokenised alone at the max length and embedded alone."""
+    """Each text tokenised alone at the model's own length and embedded alone."""
     version = versions.load(store, "tiny", "v1")
     model = versions.instantiate(version).eval()
-    tok = TextTokenizer(version.tokenizer_json, version.spec.max_length)
+    tok = TextTokenizer(version.tokenizer_json, version.spec.embedding_max_length)
     out = []
     with torch.inference_mode():
         for text in texts:
@@ -123,7 +123,7 @@ def test_embed_matches_corpus_and_single_text_embedding(root: str) -> None:
     assert rep01["shards_done"] == [0, 1] and rep2["shards_done"] == [2]
     assert rep01["rows"] + rep2["rows"] == 600
     assert 0 < rep01["padding_efficiency"] <= 1 and rep01["sentences_per_s"] > 0
-    assert rep01["shapes"] == [[128, 32]]  # one static shape per used length
+    assert rep01["shapes"] == [[64, 64], [128, 32]]  # one static shape per used length
 
     ids, texts = _products(store)
     out_ids, vectors = _outputs(store, "products")
@@ -158,7 +158,7 @@ def test_buckets_of_mixed_lengths_do_not_change_vectors(root: str) -> None:
     _corpus(store, "mixed", [_table(range(1000, 1000 + len(texts)), texts)])
     assert _in_process(root, "corpus=mixed", "token_budget=512") == 0
     report = store.read_json("runs/tiny/manual/reports/embed.json")
-    assert report["shapes"] == [[16, 32], [32, 16]]
+    assert report["shapes"] == [[8, 64], [16, 32], [32, 16]]
     out_ids, vectors = _outputs(store, "mixed")
     np.testing.assert_array_equal(out_ids, np.arange(1000, 1000 + len(texts)))
     ref = _reference(store, texts)
@@ -217,7 +217,8 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
     [
         ([pa.table({"id": pa.array([1, 2], pa.int64()), "body": ["a", "b"]})], "missing columns"),
         ([_table([1, 2], [b"a", b"b"], pa.binary())], "text is binary, expected string"),
-        ([pa.table({"id": ["1"], "text": ["a"]})], "id is string, expected int64"),
+        ([pa.table({"id": [1.5], "text": ["a"]})], "id is double, expected int64 or string"),
+        ([pa.table({"id": ["a", ""], "text": ["x", "y"]})], "empty string id (row 1)"),
         ([_table([], [])], "empty corpus shard"),
         ([_table([1, 2, 2], ["a", "b", "c"])], "1 duplicate ids"),
         ([_table([1, 2], ["a", "b"]), _table([3, 1], ["c", "d"])], "repeats 1 ids of shard"),
@@ -232,6 +233,7 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
         "schema",
         "binary",
         "id-type",
+        "empty-string-id",
         "empty",
         "dup-in-shard",
         "dup-across",
@@ -250,12 +252,14 @@ def test_bad_corpus_exits_2_naming_the_shard(
 
 
 def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:
+    # tiny's own length is its 64 position embeddings: [CLS] + 63 tokens + [SEP] is cut.
     store = _publish(root)
-    texts = ["lorem ipsum dolor " * 400, "short text", "x " * 31, "x " * 29]
+    texts = ["lorem ipsum dolor " * 400, "short text", "x " * 63, "x " * 62]
     _corpus(store, "long", [_table([1, 2, 3, 4], texts)])
     assert _in_process(root, "corpus=long") == 0
     report = store.read_json("runs/tiny/manual/reports/embed.json")
     assert report["truncated"] == 2 and report["rows"] == 4
+    assert report["max_length"] == 64 and report["truncated_per_shard"] == {"0": 2}
     assert verify(_cfg(root, corpus="long"))["rows"] == 4
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,8 @@ from embedfresh.core.storage import ArtifactStore
 
 PART = re.compile(r"^part-(\d{5})\.parquet$")
 MANIFEST = "_MANIFEST.json"
+OUTPUT_FORMAT = 2
+"""Version of the embedding part's layout (2: ids keep the corpus's type, int64 or string)."""
 
 
 def commit_name(index: int) -> str:
@@ -41,12 +44,63 @@ def corpus_shards(store: ArtifactStore, corpus: str) -> dict[int, str]:
     return parts
 
 
+def reuse_key(
+    *,
+    store: ArtifactStore,
+    source_rel: str,
+    version_marker: dict[str, Any],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """Everything an embedding shard's vectors depend on, as recorded in its marker.
+
+    A committed shard is reused only when its recorded key equals this one: the model
+    version's weights and tokenizer (their sha256 from the version's ``COMMIT``), the
+    corpus shard's content (its ETag on S3, its sha256 on disk, and its size), every
+    setting that changes the vectors (``settings``: truncation length, pooling,
+    quantisation, backend numerics) and :data:`OUTPUT_FORMAT`.
+    """
+    files = version_marker.get("files", {})
+    return {
+        "format": OUTPUT_FORMAT,
+        "weights_sha256": files.get("model.safetensors", {}).get("sha256"),
+        "tokenizer_sha256": files.get("tokenizer.json", {}).get("sha256"),
+        "source_etag": store.etag(source_rel),
+        "source_size": store.size(source_rel),
+        **settings,
+    }
+
+
+def stale_reason(marker: dict[str, Any] | None, key: dict[str, Any]) -> str | None:
+    """Why a committed shard (its marker) cannot be reused under ``key``; None: reuse it."""
+    if marker is None:
+        return "not committed"
+    recorded = marker.get("reuse_key")
+    if not isinstance(recorded, dict):
+        return "committed without a reuse key (older output format)"
+    changed = [k for k in sorted(set(key) | set(recorded)) if recorded.get(k) != key.get(k)]
+    if not changed:
+        return None
+    named = {
+        "source_etag": "the corpus shard changed",
+        "source_size": "the corpus shard changed",
+        "weights_sha256": "the version's weights changed",
+        "tokenizer_sha256": "the version's tokenizer changed",
+    }
+    parts = []
+    for k in changed:
+        text = named.get(k) or f"{k} {recorded.get(k)!r} -> {key.get(k)!r}"
+        if text not in parts:
+            parts.append(text)
+    return ", ".join(parts)
+
+
 def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[str]]:
-    """Ids (int64) and texts of one corpus shard, validated.
+    """Ids and texts of one corpus shard, validated. Ids keep their type: int64 (any
+    integer column) or string (SKUs, ASINs, UUIDs; a numpy array of ``str``).
 
     :raises BadInputError: naming the shard: unreadable, wrong schema (missing columns,
-        binary instead of string text, non-integer ids), empty, null ids or texts,
-        text bytes that are not UTF-8, duplicate ids.
+        binary instead of string text, ids neither integer nor string), empty, null ids
+        or texts, text bytes that are not UTF-8, empty string ids, duplicate ids.
     """
     url = store.url(rel)
     table = read_parquet(store, rel)
@@ -57,8 +111,8 @@ def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[
     ids_col = text_col = None
     if "id" in table.column_names:
         ids_col = table.column("id")
-        if not pa.types.is_integer(ids_col.type):
-            problems.append(f"id is {ids_col.type}, expected int64")
+        if not (pa.types.is_integer(ids_col.type) or _is_string(ids_col.type)):
+            problems.append(f"id is {ids_col.type}, expected int64 or string")
             ids_col = None
     if "text" in table.column_names:
         text_col = table.column("text")
@@ -89,10 +143,16 @@ def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[
             f"corpus shard {url} has text that is not valid UTF-8 ({e}): re-encode the "
             "texts as UTF-8 strings"
         ) from e
-    try:
-        ids = ids_col.cast(pa.int64(), safe=True).to_numpy()
-    except pa.ArrowInvalid as e:
-        raise BadInputError(f"corpus shard {url}: ids do not fit int64: {e}") from e
+    if _is_string(ids_col.type):
+        ids = np.asarray(ids_col.to_pylist(), dtype=str)
+        if (np.char.str_len(ids) == 0).any():
+            first = int(np.flatnonzero(np.char.str_len(ids) == 0)[0])
+            raise BadInputError(f"corpus shard {url} has an empty string id (row {first})")
+    else:
+        try:
+            ids = ids_col.cast(pa.int64(), safe=True).to_numpy()
+        except pa.ArrowInvalid as e:
+            raise BadInputError(f"corpus shard {url}: ids do not fit int64: {e}") from e
     unique, counts = np.unique(ids, return_counts=True)
     if len(unique) != len(ids):
         dups = unique[counts > 1]
@@ -100,3 +160,12 @@ def read_corpus_shard(store: ArtifactStore, rel: str) -> tuple[np.ndarray, list[
             f"corpus shard {url} has {len(dups)} duplicate ids (e.g. {dups[:5].tolist()})"
         )
     return ids, text_col.to_pylist()
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def id_type(ids: np.ndarray) -> pa.DataType:
+    """The Arrow type embedding parts store ``ids`` as: int64, or string."""
+    return pa.string() if ids.dtype.kind == "U" else pa.int64()

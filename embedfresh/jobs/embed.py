@@ -1,13 +1,22 @@
 """The embed job: ``python -m embedfresh.jobs.embed --set version=v1 [--set shards=[0,1]]``.
 
 Per corpus shard ``corpora/{corpus}/part-NNNNN.parquet`` it writes
-``embeddings/{model}/{version}/{corpus}/part-NNNNN.parquet`` (id int64, embedding
-fixed_size_list<float32>[hidden], model_version string; rows in the corpus order) and
-then the shard's commit marker ``part-NNNNN.COMMIT`` (sha256 and size of the part, row
-count, timing; :mod:`embedfresh.core.markers`). A shard whose marker verifies is skipped, so a
-retry redoes only the shards a killed task had not committed, overwriting any partial
-output of those. ``_MANIFEST.json`` is written by the verifier once every shard is in
-(:mod:`embedfresh.jobs.embed_verify`); this job removes a stale one before it writes anything.
+``embeddings/{model}/{version}/{corpus}/part-NNNNN.parquet`` (id int64 or string, as in
+the corpus; embedding fixed_size_list<float32>[hidden]; model_version string; rows in
+the corpus order) and then the shard's commit marker ``part-NNNNN.COMMIT`` (sha256 and
+size of the part, row count, truncated texts, timing and the shard's reuse key;
+:mod:`embedfresh.core.markers`). Texts are cut at the model's own ``max_seq_length``
+unless ``max_length`` says otherwise; any cut is logged as a warning and counted per
+shard in the report.
+
+A committed shard is reused only when its marker verifies and its reuse key
+(:func:`embedfresh.core.shards.reuse_key`: the version's weights and tokenizer, the corpus
+shard's content, the settings that change vectors, the output format) equals the
+current one, so a retry redoes only the shards a killed task had not committed, and a
+changed text, model or setting recomputes exactly the shards it touches; the report
+lists each recomputed shard with the reason. ``_MANIFEST.json`` is written by the
+verifier once every shard is in (:mod:`embedfresh.jobs.embed_verify`); this job removes a
+stale one before it writes anything.
 
 A background thread reads, validates and tokenises the next shard(s) while the current
 one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
@@ -37,10 +46,17 @@ import pyarrow.parquet as pq
 from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
-from embedfresh.core.config.embedding import LENGTH_CAP
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.parquet import read_parquet
-from embedfresh.core.shards import MANIFEST, commit_name, corpus_shards, read_corpus_shard
+from embedfresh.core.shards import (
+    MANIFEST,
+    commit_name,
+    corpus_shards,
+    id_type,
+    read_corpus_shard,
+    reuse_key,
+    stale_reason,
+)
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import EncodeStats, embed_plan
@@ -57,10 +73,11 @@ class PreparedShard:
     read_seconds: float
 
 
-def output_schema(hidden: int) -> pa.Schema:
+def output_schema(hidden: int, ids: pa.DataType) -> pa.Schema:
+    """An embedding part: ``ids`` is the corpus's id type (int64 or string)."""
     return pa.schema(
         [
-            pa.field("id", pa.int64(), nullable=False),
+            pa.field("id", ids, nullable=False),
             pa.field("embedding", pa.list_(pa.float32(), hidden), nullable=False),
             pa.field("model_version", pa.string(), nullable=False),
         ]
@@ -72,11 +89,11 @@ def shard_bytes(ids: np.ndarray, vectors: np.ndarray, version: str) -> bytes:
     flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
     table = pa.Table.from_arrays(
         [
-            pa.array(ids, pa.int64()),
+            pa.array(ids, id_type(ids)),
             pa.FixedSizeListArray.from_arrays(flat, hidden),
             pa.array([version] * n, pa.string()),
         ],
-        schema=output_schema(hidden),
+        schema=output_schema(hidden, id_type(ids)),
     )
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -148,9 +165,9 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     version = versions.load(store, cfg.model, cfg.version)
     spec = version.spec
     hidden = spec.encoder.hidden_size
-    cap = min(spec.encoder.max_position_embeddings, LENGTH_CAP)
-    max_length = min(cfg.max_length or spec.max_length, cap)
+    max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
     lengths = padded_lengths(cfg.lengths, max_length)
+    version_marker = versions.is_committed(store, cfg.model, cfg.version) or {}
 
     corpus_dir = layout.corpus(cfg.corpus)
     out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
@@ -163,25 +180,44 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
             f"(it has {len(available)} shards: {list(available)[:10]}...)"
         )
 
-    skipped, todo = [], []
+    # Every setting that changes the vectors (not the batching: packed/padded, budget and
+    # bucket lengths give the same vectors up to float rounding).
+    settings = {
+        "max_length": max_length,
+        "pooling": "mean",
+        "normalize": True,
+        "quantize": cfg.quantize,
+        "backend": backend.name,
+    }
+    keys = {
+        i: reuse_key(
+            store=store,
+            source_rel=f"{corpus_dir}/{available[i]}",
+            version_marker=version_marker,
+            settings=settings,
+        )
+        for i in wanted
+    }
+    skipped, todo, recomputed = [], [], []
     for i in wanted:
-        marker = markers.read_marker(store, out_dir, commit_name(i))
-        if (
-            marker is not None
-            and marker.get("version") == cfg.version
-            and marker.get("quantize", "none") == cfg.quantize
-            and markers.verify(store, out_dir, commit_name(i)).ok
-        ):
+        reason = stale_reason(markers.read_marker(store, out_dir, commit_name(i)), keys[i])
+        if reason is None:
+            check = markers.verify(store, out_dir, commit_name(i))
+            reason = None if check.ok else f"output does not verify: {check.reason}"
+        if reason is None:
             skipped.append(i)
-        else:
-            todo.append(i)
+            continue
+        todo.append(i)
+        if reason != "not committed":
+            recomputed.append({"shard": i, "reason": reason})
+            log.warning("shard %d is recomputed: %s", i, reason)
     if skipped:
-        log.info("shards %s already committed in %s: skipped", skipped, store.url(out_dir))
+        log.info("shards %s committed and current in %s: reused", skipped, store.url(out_dir))
 
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
     # Sorted ids of the shards read so far, to refuse ids repeated across this task's
-    # shards: 8 bytes a row is the only state that grows with the corpus.
-    seen = np.zeros(0, dtype=np.int64)
+    # shards: 8 bytes a row (int ids) is the only state that grows with the corpus.
+    seen: np.ndarray | None = None
     read_so_far: list[int] = []
 
     def prepare(index: int) -> PreparedShard:
@@ -189,6 +225,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         rel = f"{corpus_dir}/{available[index]}"
         ids, texts = read_corpus_shard(store, rel)
+        if seen is None:
+            seen = ids[:0]
+        if id_type(seen) != id_type(ids):
+            raise BadInputError(
+                f"corpus shard {store.url(rel)} has {id_type(ids)} ids, shard "
+                f"{available[read_so_far[0]]} has {id_type(seen)} ids: one corpus, one id type"
+            )
         if len(seen):
             at = np.searchsorted(seen, ids).clip(max=len(seen) - 1)
             common = ids[seen[at] == ids]
@@ -240,6 +283,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
         store.remove(f"{out_dir}/{MANIFEST}")
     totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
+    truncated_per_shard: dict[int, int] = {}
     embed_seconds = 0.0
     stats = EncodeStats()
     done = []
@@ -271,10 +315,20 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                     "real_tokens": shard.plan.real_tokens,
                     "padded_tokens": shard.plan.padded_tokens,
                     "quantize": cfg.quantize,
+                    "max_length": max_length,
+                    "reuse_key": keys[shard.index],
                     "run_id": cfg.run_id,
                 },
                 name=commit_name(shard.index),
             )
+            if shard.truncated:
+                log.warning(
+                    "shard %d: %d of %d texts are longer than %d tokens and were truncated",
+                    shard.index,
+                    shard.truncated,
+                    n,
+                    max_length,
+                )
             log.info(
                 "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, "
                 "peak RSS %.1f MiB)",
@@ -288,6 +342,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
             done.append(shard.index)
             totals["rows"] += n
             totals["truncated"] += shard.truncated
+            truncated_per_shard[shard.index] = shard.truncated
             totals["real_tokens"] += shard.plan.real_tokens
             totals["padded_tokens"] += shard.plan.padded_tokens
             totals["batches"] += len(shard.plan.batches)
@@ -295,6 +350,14 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         prefetcher.close()
 
     wall = time.perf_counter() - started
+    if totals["truncated"]:
+        log.warning(
+            "%d of %d texts were truncated at %d tokens (max_length; the model's own is %d)",
+            totals["truncated"],
+            totals["rows"],
+            max_length,
+            spec.embedding_max_length,
+        )
     report = {
         "status": "ok",
         "model": cfg.model,
@@ -306,7 +369,9 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "shards_requested": wanted,
         "shards_done": done,
         "shards_skipped": skipped,
+        "shards_recomputed": recomputed,
         **totals,
+        "truncated_per_shard": {str(i): c for i, c in truncated_per_shard.items()},
         "padding_efficiency": (
             round(totals["real_tokens"] / totals["padded_tokens"], 6)
             if totals["padded_tokens"]
@@ -318,6 +383,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "wall_seconds": round(wall, 3),
         "peak_rss_mib": round(_peak_rss_mib(), 1),
         "max_length": max_length,
+        "model_max_seq_length": spec.embedding_max_length,
         "lengths": list(lengths),
         "token_budget": cfg.token_budget,
         "static_batches": cfg.static_batches,
@@ -333,8 +399,10 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     return {
         "status": "ok",
         "rows": totals["rows"],
+        "truncated": totals["truncated"],
         "shards_done": done,
         "shards_skipped": skipped,
+        "shards_recomputed": [r["shard"] for r in recomputed],
         "output": store.url(out_dir),
         "report": store.url(report_rel),
     }
@@ -347,13 +415,17 @@ def _peak_rss_mib() -> float:
 
 
 def _shard_holding(
-    store: ArtifactStore, corpus_dir: str, available: dict[int, str], indices: list[int], id_: int
+    store: ArtifactStore,
+    corpus_dir: str,
+    available: dict[int, str],
+    indices: list[int],
+    id_: int | str,
 ) -> str:
     """Name of the first of ``indices``' corpus shards holding ``id_`` (error path only:
     re-reads their id columns rather than keeping every shard's ids in memory)."""
     for i in indices:
-        ids = read_parquet(store, f"{corpus_dir}/{available[i]}").column("id").to_numpy()
-        if (ids == id_).any():
+        ids = read_parquet(store, f"{corpus_dir}/{available[i]}").column("id")
+        if id_ in ids.to_pylist():
             return available[i]
     return "?"
 

@@ -1,7 +1,8 @@
 """Verify a corpus's embeddings and publish them: ``python -m embedfresh.jobs.embed_verify``.
 
 Checks that every corpus shard has a committed output shard (its ``part-NNNNN.COMMIT``
-verifies), that ids match the corpus exactly shard by shard (same ids, same order, no
+verifies) made from the corpus shard as it is now and from this version's weights (its
+reuse key), that ids (int64 or string, the corpus's type) match the corpus exactly shard by shard (same ids, same order, no
 gaps, no duplicates, none across shards), that no output part lacks a corpus shard,
 that every vector is finite with unit norm and names the version. Only then writes
 ``_MANIFEST.json`` (last), a :mod:`embedfresh.core.markers` marker listing every part's sha256 and
@@ -28,8 +29,10 @@ from embedfresh.core.shards import (
     MANIFEST,
     commit_name,
     corpus_shards,
+    id_type,
     list_parts,
     read_corpus_shard,
+    reuse_key,
 )
 from embedfresh.core.storage import ArtifactStore, sha256_bytes
 
@@ -44,7 +47,7 @@ def _check_part(
     """Problems of one output part against its corpus shard, and its vector width."""
     table = read_parquet(store, rel)
     problems = []
-    expected = {"id": pa.int64(), "model_version": pa.string()}
+    expected = {"id": id_type(corpus_ids), "model_version": pa.string()}
     for col, typ in expected.items():
         if col not in table.column_names or table.column(col).type != typ:
             problems.append(f"column {col} missing or not {typ}")
@@ -58,7 +61,9 @@ def _check_part(
     if problems:
         return problems, None
     hidden = emb_type.list_size
-    ids = table.column("id").to_numpy()
+    ids = table.column("id").to_numpy(zero_copy_only=False)
+    if ids.dtype == object:
+        ids = ids.astype(str)
     if len(ids) != len(corpus_ids):
         problems.append(f"{len(ids)} rows, corpus shard has {len(corpus_ids)}")
     elif not np.array_equal(ids, corpus_ids):
@@ -105,6 +110,12 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
     files: dict[str, tuple[str, int]] = {}
     hidden_sizes = set()
     seen: dict[int, np.ndarray] = {}
+    version_marker = markers.read_marker(store, layout.model_version(cfg.model, cfg.version))
+    if version_marker is None:
+        raise BadInputError(
+            f"model version {store.url(layout.model_version(cfg.model, cfg.version))} "
+            "is not committed"
+        )
     rows = 0
     embed_seconds = 0.0
     real_tokens = padded_tokens = truncated = 0
@@ -117,6 +128,20 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
         marker = markers.read_marker(store, out_dir, commit_name(index)) or {}
         if marker.get("version") != cfg.version or name not in marker["files"]:
             problems.append(f"{name}: its commit marker is for another version or file")
+            continue
+        current = reuse_key(
+            store=store,
+            source_rel=f"{corpus_dir}/{corpus_name}",
+            version_marker=version_marker,
+            settings={},
+        )
+        recorded = marker.get("reuse_key") or {}
+        stale = [k for k in current if recorded.get(k) != current[k]]
+        if stale:
+            problems.append(
+                f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
+                "the embed job, which recomputes it"
+            )
             continue
         corpus_ids, _ = read_corpus_shard(store, f"{corpus_dir}/{corpus_name}")
         seen[index] = corpus_ids
@@ -132,7 +157,9 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
         real_tokens += int(marker.get("real_tokens", 0))
         padded_tokens += int(marker.get("padded_tokens", 0))
         truncated += int(marker.get("truncated", 0))
-    if seen:
+    if len({id_type(ids) for ids in seen.values()}) > 1:
+        problems.append("corpus shards mix int64 and string ids")
+    elif seen:
         unique, counts = np.unique(np.concatenate(list(seen.values())), return_counts=True)
         dups = unique[counts > 1]
         if len(dups):

@@ -7,7 +7,7 @@ Face's names, which our encoder already uses), the tokenizer (``tokenizer.json``
 ``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json``),
 ``modules.json`` (Transformer -> mean Pooling -> Normalize), ``sentence_bert_config.json``
 and ``1_Pooling/config.json``, then a :mod:`embedfresh.core.markers` ``COMMIT`` last. The
-truncation length (``max_seq_length``) defaults to the embed job's, so
+truncation length (``max_seq_length``) defaults to the model's own, as the embed job's does, so
 ``SentenceTransformer(path).encode(texts)`` gives the job's vectors. A committed export
 that still verifies is left as it is (versions are immutable, and so is this).
 """
@@ -22,7 +22,6 @@ from typing import Any
 from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import ExportConfig
-from embedfresh.core.config.embedding import LENGTH_CAP
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.model.presets import ModelSpec
@@ -35,11 +34,6 @@ ENCODER_PREFIX = "encoder."
 
 def export_dir(model: str, version: str) -> str:
     return f"{layout.model_version(model, version)}/{SUBDIR}"
-
-
-def default_max_length(spec: ModelSpec) -> int:
-    """The embed job's truncation length when ``max_length`` is not set."""
-    return min(spec.max_length, spec.encoder.max_position_embeddings, LENGTH_CAP)
 
 
 def _json(obj: Any) -> bytes:
@@ -182,8 +176,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
     store = ArtifactStore(cfg.artifact_root)
     version = versions.load(store, cfg.model, cfg.version)
     spec = version.spec
-    cap = min(spec.encoder.max_position_embeddings, LENGTH_CAP)
-    max_seq_length = min(cfg.max_seq_length or default_max_length(spec), cap)
+    max_seq_length = spec.check_embedding_length(cfg.max_seq_length or spec.embedding_max_length)
     directory = export_dir(cfg.model, cfg.version)
     existing = markers.read_marker(store, directory)
     if existing is not None and markers.verify(store, directory).ok:

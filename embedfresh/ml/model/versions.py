@@ -110,6 +110,11 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
     """
     directory = layout.model_version(model, version)
     url = store.url(directory)
+    if not store.exists(f"{directory}/{markers.COMMIT}"):
+        raise BadInputError(
+            f"model version {version} of {model!r} does not exist ({url} has no "
+            f"{markers.COMMIT}); versions in the store: {', '.join(list_versions(store, model)) or 'none'}"
+        )
     check = markers.verify(store, directory)
     if not check.ok:
         raise BadInputError(f"model version {url} is not usable: {check.reason}")
@@ -126,6 +131,14 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
         tokenizer_json=store.read_bytes(f"{directory}/{TOKENIZER}"),
         meta=meta,
         url=url,
+    )
+
+
+def list_versions(store: ArtifactStore, model: str) -> list[str]:
+    """Names of the committed versions of ``model``, sorted."""
+    parent = layout.model_versions(model)
+    return sorted(
+        name for name in store.listdir(parent) if store.exists(f"{parent}/{name}/{markers.COMMIT}")
     )
 
 
