@@ -33,7 +33,14 @@ def artifact_root_param() -> Param:
 
 
 def model_param() -> Param:
-    return Param(DEFAULT_MODEL, enum=MODELS, description="Model config name")
+    return Param(
+        DEFAULT_MODEL,
+        type="string",
+        examples=MODELS,
+        pattern=r"^[A-Za-z0-9._:+=-]{1,200}$",
+        description="Model name: a preset (tiny, minilm) or your own model, published with "
+        "python -m embedfresh.jobs.publish_model",
+    )
 
 
 def backend_param(default: str = "cpu", description: str = "Accelerator backend") -> Param:

@@ -73,6 +73,24 @@ def vocab_txt(tokenizer_json: bytes) -> bytes:
     return ("\n".join(tok for tok, _ in ordered) + "\n").encode()
 
 
+def tokenizer_settings(tokenizer_json: bytes) -> tuple[dict[str, str], bool]:
+    """The special tokens and lower-casing the model's own ``tokenizer.json`` uses: the
+    export's ``tokenizer_config.json`` must say the same, or transformers' BERT tokenizer
+    rewrites the normaliser to match it and the exported model cuts other tokens."""
+    tok = json.loads(tokenizer_json)
+    normalizer = tok.get("normalizer") or {}
+    lowercase = bool(normalizer.get("lowercase", False))
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    special = {
+        "unk_token": (tok.get("model") or {}).get("unk_token", "[UNK]"),
+        "pad_token": (tok.get("padding") or {}).get("pad_token", "[PAD]"),
+    }
+    for key, name in (("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("mask_token", "[MASK]")):
+        if name in vocab:
+            special[key] = name
+    return special, lowercase
+
+
 def encoder_weights(weights: dict[str, Any]) -> dict[str, Any]:
     """The encoder's tensors of a relevance model's state dict, under BertModel's names."""
     out = {
@@ -98,13 +116,7 @@ def st_files(
     """Every file of the sentence-transformers directory, by relative path."""
     from safetensors.torch import save
 
-    special = {
-        "unk_token": "[UNK]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-    }
+    special, lowercase = tokenizer_settings(tokenizer_json)
     return {
         "config.json": _json(bert_config(spec)),
         "model.safetensors": save(encoder_weights(weights), metadata={"format": "pt"}),
@@ -115,7 +127,7 @@ def st_files(
             {
                 **special,
                 "tokenizer_class": "BertTokenizer",
-                "do_lower_case": True,
+                "do_lower_case": lowercase,
                 "do_basic_tokenize": True,
                 "tokenize_chinese_chars": True,
                 "strip_accents": None,

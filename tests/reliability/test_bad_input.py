@@ -198,7 +198,11 @@ CASES = {
         lambda r: _rewrite(r, _with_value("rating", 3, np.inf)),
         ["feature rating", "NaN/inf", "row 3"],
     ),
-    "unknown-model": ([START, "model=huge"], None, ["unknown model config 'huge'"]),
+    "unknown-model": (
+        [START, "model=huge"],
+        None,
+        ["model 'huge' is not a preset", "embedfresh.jobs.publish_model"],
+    ),
     "unknown-backend": ([START, "backend=tpu"], None, ["unknown backend 'tpu'"]),
     "epochs-zero": ([START, "epochs=0"], None, ["invalid TrainConfig", "epochs"]),
     "date-not-a-date": (
@@ -350,7 +354,7 @@ def test_second_run_cannot_republish_a_version_with_another_config(root):
 def test_evaluate_a_version_that_does_not_exist(root):
     before = snapshot(_dir(root))
     result = run_job("evaluate", f"artifact_root={root}", "run_id=ev", "version=nope")
-    assert_one_line_error(result, "evaluate", "models/tiny/versions/nope", "not usable")
+    assert_one_line_error(result, "evaluate", "models/tiny/versions/nope", "does not exist")
     assert not (_dir(root) / "runs/tiny/ev/reports/eval.json").exists()
     assert snapshot(_dir(root)) == before
 

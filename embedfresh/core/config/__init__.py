@@ -7,7 +7,12 @@ before a job's first write. Torch-free, so the control plane can build and check
 
 from embedfresh.core.config.base import JobConfig, load_config, parse_override
 from embedfresh.core.config.embedding import EmbedConfig, ExportConfig
-from embedfresh.core.config.evaluation import EvaluateConfig, GateConfig, PromoteConfig
+from embedfresh.core.config.evaluation import (
+    EvaluateConfig,
+    GateConfig,
+    PromoteConfig,
+    PublishModelConfig,
+)
 from embedfresh.core.config.health import HealthConfig
 from embedfresh.core.config.training import (
     DEFAULT_NEURON_CC_FLAGS,
@@ -27,6 +32,7 @@ __all__ = [
     "JobConfig",
     "ParityConfig",
     "PromoteConfig",
+    "PublishModelConfig",
     "TrainConfig",
     "load_config",
     "parse_override",

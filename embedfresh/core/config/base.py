@@ -31,7 +31,8 @@ class JobConfig(BaseModel):
     """Root URL of the artifact store: ``file:///...`` or ``s3://bucket/prefix``. Default:
     ``$EMBEDFRESH_ARTIFACT_ROOT``, else ``$AIRFLOW_HOME/embedfresh-artifacts``."""
     model: str = "tiny"
-    """Model config name (``tiny`` or ``minilm``); also the model's name in the registry."""
+    """Model name, the key of its registry and versions: a preset (``tiny``, ``minilm``)
+    or a team's own model published with ``python -m embedfresh.jobs.publish_model``."""
     run_id: str = "manual"
     """Stable across retries of one task, so a retry resumes instead of restarting."""
     backend: str = "cpu"
@@ -41,6 +42,11 @@ class JobConfig(BaseModel):
     @classmethod
     def _run_id_is_a_path_segment(cls, v: str) -> str:
         return safe_id(v, "run id")
+
+    @field_validator("model")
+    @classmethod
+    def _model_is_a_path_segment(cls, v: str) -> str:
+        return safe_id(v, "model name")
 
 
 C = TypeVar("C", bound=BaseModel)

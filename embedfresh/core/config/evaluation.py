@@ -79,3 +79,37 @@ class GateConfig(JobConfig):
 
 class PromoteConfig(JobConfig):
     """Moves the production pointer to the run's candidate if its gate said PASS."""
+
+
+class PublishModelConfig(JobConfig):
+    """A team's own model (a sentence-transformers or transformers directory) published
+    as a committed, checksummed version of ``model``, the start of its refreshes."""
+
+    source: str
+    """The model directory: a local path, ``file://...`` or ``s3://bucket/prefix``
+    (sentence-transformers or Hugging Face transformers layout, safetensors weights,
+    ``tokenizer.json``)."""
+    version: str = "base"
+    """Name of the version to publish (versions are immutable)."""
+    production: bool = True
+    """Make the version production when the model has no production version yet, so the
+    first refresh trains from it and its gate compares against it. An existing
+    production version is never moved by this job."""
+    max_length: int | None = Field(default=None, ge=2)
+    """Training length (fixed padded tokens of queries and products; a training setting,
+    not the embedding length); None: the model's own ``max_seq_length``, at most 128."""
+    head_hidden: int = Field(default=256, ge=1)
+    """Width of the relevance head trained on top of the encoder."""
+    batch_size: int = Field(default=32, ge=1)
+    """Default training batch size of this model."""
+    encoder_learning_rate: float = Field(default=5e-5, gt=0, allow_inf_nan=False)
+    """Peak learning rate of the encoder when training starts from base weights."""
+    head_learning_rate: float = Field(default=1e-3, gt=0, allow_inf_nan=False)
+    """Peak learning rate of the relevance head."""
+    seed: int = 0
+    """Seed of the relevance head's initialisation."""
+
+    @field_validator("version")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")

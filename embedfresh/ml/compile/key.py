@@ -16,7 +16,8 @@ from importlib import metadata
 from typing import Any
 
 from embedfresh.core.config import TrainConfig
-from embedfresh.ml.model.presets import get_spec
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.model import versions
 
 #: Distributions whose version changes generated code, where installed.
 _LIBRARIES = ("torch", "torch-xla", "torch-neuronx", "neuronx-cc", "triton")
@@ -34,7 +35,7 @@ def library_versions() -> dict[str, str]:
 
 def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> dict[str, Any]:
     """Everything the key hashes, as the compile report shows it."""
-    spec = get_spec(cfg.model)
+    spec, _ = versions.resolve_model(ArtifactStore(cfg.artifact_root), cfg.model)
     return {
         "model": cfg.model,
         "model_fingerprint": spec.fingerprint(),

@@ -37,8 +37,9 @@ class ModelSpec(BaseModel):
 
     name: str
     encoder: EncoderConfig
-    base_weights: Literal["random", "minilm"]
-    """Where ``init=base`` starts: a seeded random init, or all-MiniLM-L6-v2."""
+    base_weights: Literal["random", "minilm", "published"]
+    """Where ``init=base`` starts: a seeded random init, all-MiniLM-L6-v2, or (a team's
+    own model) nowhere but its published versions."""
     max_length: int = Field(ge=2)
     """Fixed padded token length of queries and products (static shapes)."""
     head_hidden: int = Field(ge=1)
@@ -175,6 +176,8 @@ PRESET_NAMES = ("tiny", "minilm")
 
 
 def get_spec(name: str) -> ModelSpec:
+    """A preset's spec (a team's own model's is in its versions:
+    :func:`embedfresh.ml.model.versions.resolve_model`)."""
     presets = _presets()
     if name not in presets:
         raise BadInputError(

@@ -17,11 +17,20 @@ from safetensors.torch import load_file
 
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes, weights_bytes
 from embedfresh.ml.model.encoder import BertEncoder
-from embedfresh.ml.model.presets import ModelSpec, get_spec, minilm_dir, tokenizer_file
+from embedfresh.ml.model.presets import (
+    PRESET_NAMES,
+    EncoderConfig,
+    ModelSpec,
+    get_spec,
+    minilm_dir,
+    tokenizer_file,
+)
 from embedfresh.ml.model.relevance import RelevanceModel
+from embedfresh.ml.model.sources import SourceModel
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,11 @@ def load_base_weights(model: RelevanceModel) -> str:
     spec = model.spec
     if spec.base_weights == "random":
         return "random init"
+    if spec.base_weights == "published":
+        raise BadInputError(
+            f"model {spec.name!r} has no built-in base weights: it starts from its published "
+            "versions (init=auto or init=production, or init_version=<version>)"
+        )
     path = minilm_dir() / "model.safetensors"
     hf = load_file(str(path))
     encoder_state = {k: v for k, v in hf.items() if not k.startswith(BertEncoder.IGNORED_KEYS)}
@@ -74,8 +88,11 @@ def publish(
     version: str,
     weights: dict[str, torch.Tensor],
     meta: dict[str, Any],
+    tokenizer_json: bytes | None = None,
 ) -> str:
-    """Write a version and commit it. An existing committed version is never replaced."""
+    """Write a version and commit it. An existing committed version is never replaced.
+
+    ``tokenizer_json``: the model's own tokenizer; None: the presets' (MiniLM's)."""
     directory = layout.model_version(spec.name, version)
     existing = markers.read_marker(store, directory)
     if existing is not None:
@@ -88,7 +105,7 @@ def publish(
         SPEC: json.dumps(
             {"spec": spec.model_dump(mode="json"), **meta}, indent=2, sort_keys=True
         ).encode(),
-        TOKENIZER: tokenizer_file().read_bytes(),
+        TOKENIZER: tokenizer_json if tokenizer_json is not None else tokenizer_file().read_bytes(),
     }
     markers.publish(
         store,
@@ -134,6 +151,81 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
     )
 
 
+def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
+    """The architecture and tokenizer a run of ``model`` uses: a preset's, or for a
+    team's own model those of its production version (all its versions share them).
+
+    :raises BadInputError: neither a preset nor a model with a production version.
+    """
+    if model in PRESET_NAMES:
+        return get_spec(model), tokenizer_file().read_bytes()
+    production = Registry(store, model).production_version()
+    if production is None:
+        raise BadInputError(
+            f"model {model!r} is not a preset ({', '.join(PRESET_NAMES)}) and has no production "
+            f"version in {store.url()}: publish it first with python -m "
+            f"embedfresh.jobs.publish_model --set artifact_root={store.url()} --set model={model} "
+            "--set source=<its sentence-transformers directory>"
+        )
+    version = load(store, model, production)
+    return version.spec, version.tokenizer_json
+
+
+def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a team's model directory; ``training`` holds the
+    training settings (``max_length``, ``head_hidden``, ...)."""
+    from embedfresh.ml.data.schema import FEATURE_NAMES
+
+    c = source.config
+    try:
+        encoder = EncoderConfig(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            num_hidden_layers=c["num_hidden_layers"],
+            num_attention_heads=c["num_attention_heads"],
+            intermediate_size=c["intermediate_size"],
+            max_position_embeddings=c["max_position_embeddings"],
+            type_vocab_size=c.get("type_vocab_size", 2),
+            layer_norm_eps=c.get("layer_norm_eps", 1e-12),
+            dropout=c.get("hidden_dropout_prob", 0.1),
+        )
+        return ModelSpec(
+            name=name,
+            encoder=encoder,
+            base_weights="published",
+            max_seq_length=source.max_seq_length,
+            num_features=len(FEATURE_NAMES),
+            **training,
+        )
+    except (KeyError, ValueError) as e:
+        raise BadInputError(
+            f"{source.url}/config.json does not describe a usable encoder: {e}"
+        ) from e
+
+
+def source_weights(source: SourceModel, spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
+    """A relevance model's state dict: the source's encoder weights, a seeded new head.
+
+    :raises BadInputError: the weights do not match the encoder the config describes.
+    """
+    from safetensors.torch import load as load_safetensors
+
+    net = build_model(spec, seed)
+    hf = load_safetensors(source.weights)
+    # sentence-transformers saves the Transformer module's weights without a prefix,
+    # transformers' BertModel with none too; BertForX models prefix them with "bert.".
+    if not any(k.startswith("embeddings.") for k in hf):
+        hf = {k[len("bert.") :]: v for k, v in hf.items() if k.startswith("bert.")}
+    state = {k: v for k, v in hf.items() if not k.startswith(BertEncoder.IGNORED_KEYS)}
+    missing, unexpected = net.encoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise BadInputError(
+            f"{source.url}/model.safetensors does not match its config.json's encoder: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    return cpu_state_dict(net)
+
+
 def list_versions(store: ArtifactStore, model: str) -> list[str]:
     """Names of the committed versions of ``model``, sorted."""
     parent = layout.model_versions(model)
@@ -153,9 +245,16 @@ def ensure_baseline(store: ArtifactStore, model: str, name: str, seed: int) -> s
     if is_committed(store, model, name) is not None:
         return name
 
-    spec = get_spec(model)
+    spec, tokenizer_json = resolve_model(store, model)
     net = build_model(spec, seed)
     source = load_base_weights(net)
-    publish(store, spec, name, cpu_state_dict(net), {"baseline": True, "weights": source})
+    publish(
+        store,
+        spec,
+        name,
+        cpu_state_dict(net),
+        {"baseline": True, "weights": source},
+        tokenizer_json=tokenizer_json,
+    )
     log.info("published baseline version %s (%s)", name, source)
     return name

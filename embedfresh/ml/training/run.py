@@ -35,7 +35,7 @@ from embedfresh.ml.checkpoint import Checkpoint, CheckpointManager, cpu_state_di
 from embedfresh.ml.compile import modes, resolve_backend
 from embedfresh.ml.data.reader import Examples, read_train
 from embedfresh.ml.model import versions
-from embedfresh.ml.model.presets import ModelSpec, get_spec, tokenizer_file
+from embedfresh.ml.model.presets import ModelSpec
 from embedfresh.ml.model.relevance import RelevanceModel
 from embedfresh.ml.model.tokenizer import TextTokenizer
 from embedfresh.ml.training.data import TrainingSet
@@ -83,6 +83,7 @@ class TrainingRun:
     cfg: TrainConfig
     store: ArtifactStore
     spec: ModelSpec
+    tokenizer_json: bytes
     backend: Backend
     backend_name: str
     compile_info: dict[str, Any]
@@ -101,7 +102,7 @@ class TrainingRun:
         """
         started = time.perf_counter()
         store = ArtifactStore(cfg.artifact_root)
-        spec = get_spec(cfg.model)
+        spec, tokenizer_json = versions.resolve_model(store, cfg.model)
         backend_name = resolve_backend(cfg.backend)
         run_cost(backend_name, 0.0, cfg.instance_type, cfg.instance_prices)  # bad type: fail now
         compile_info = prepare_compile(cfg, backend_name)
@@ -118,6 +119,7 @@ class TrainingRun:
             cfg=cfg,
             store=store,
             spec=spec,
+            tokenizer_json=tokenizer_json,
             backend=backend,
             backend_name=backend_name,
             compile_info=compile_info,
@@ -173,7 +175,7 @@ class TrainingRun:
         (weights, optimizer, schedule, RNG: bit-exact) or from ``cfg.init``'s weights,
         and train it to the end of the plan, checkpointing as the manager decides."""
         cfg, backend, plan = self.cfg, self.backend, self.plan
-        tokenizer = TextTokenizer(tokenizer_file(), self.spec.max_length)
+        tokenizer = TextTokenizer(self.tokenizer_json, self.spec.max_length)
         data = TrainingSet.build(self.examples, tokenizer)
         model = versions.build_model(self.spec, cfg.seed)
         checkpoints = CheckpointManager(
@@ -249,6 +251,7 @@ class TrainingRun:
                 "steps": self.plan.total,
                 "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
             },
+            tokenizer_json=self.tokenizer_json,
         )
 
     def report(self, fitted: Fitted, version_url: str | None) -> dict[str, Any]:

@@ -1,0 +1,200 @@
+"""A team's own model: a sentence-transformers or Hugging Face transformers directory.
+
+``read_source(url)`` reads such a directory (a local path, ``file://`` or ``s3://``)
+the way sentence-transformers does: ``modules.json`` lists the modules,
+``1_Pooling/config.json`` says how tokens are pooled, ``2_Normalize`` whether vectors are
+unit length, ``sentence_bert_config.json`` holds ``max_seq_length``; a plain transformers
+directory (no ``modules.json``) is mean-pooled, as sentence-transformers does with one.
+Everything is validated before anything is written, and what this project cannot run
+the same way is refused with the reason instead of giving other vectors:
+
+- code from the model's repository (``auto_map``, ``trust_remote_code``) never runs;
+- weights load only from safetensors (a ``.bin``-only model gets the conversion command);
+- the tokenizer must be a fast one (``tokenizer.json``), which every job uses as is;
+- ``max_seq_length`` comes from ``sentence_bert_config.json`` (sentence-transformers < 6)
+  or ``tokenizer_config.json``'s ``model_max_length`` (6.x), else the position limit;
+- encoders of the BERT family with absolute positions run on the fast path here; other
+  architectures, CLS/max pooling, Dense layers and prompts are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.storage import ArtifactStore
+
+# Module types by class name: sentence-transformers < 6 writes
+# ``sentence_transformers.models.Pooling``, 6.x ``sentence_transformers.<...>.pooling.Pooling``.
+TRANSFORMER = "Transformer"
+POOLING = "Pooling"
+NORMALIZE = "Normalize"
+SUPPORTED_MODEL_TYPES = ("bert",)
+"""``model_type`` values whose weights load into :class:`~embedfresh.ml.model.encoder.BertEncoder`."""
+
+CONVERT_TO_SAFETENSORS = (
+    'python -c "from transformers import AutoModel; '
+    "AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
+)
+SAVE_FAST_TOKENIZER = (
+    'python -c "from transformers import AutoTokenizer; '
+    "AutoTokenizer.from_pretrained('{path}').save_pretrained('{path}')\""
+)
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """What a model directory says, validated; weights still as safetensors bytes."""
+
+    url: str
+    config: dict[str, Any]
+    """Its ``config.json`` (transformers)."""
+    weights: bytes
+    """Its ``model.safetensors``."""
+    tokenizer_json: bytes
+    max_seq_length: int
+    pooling: str
+    normalize: bool
+    kind: str
+    """``sentence-transformers`` or ``transformers``."""
+
+
+def _root_url(source: str) -> str:
+    if "://" in source:
+        return source.rstrip("/")
+    path = Path(source).expanduser().resolve()
+    if not path.is_dir():
+        raise BadInputError(f"model source {source} is not a directory")
+    return f"file://{path}"
+
+
+def _json(store: ArtifactStore, name: str) -> Any | None:
+    if not store.exists(name):
+        return None
+    try:
+        return json.loads(store.read_bytes(name))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInputError(f"{store.url(name)} is not valid JSON: {e}") from e
+
+
+def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, bool]:
+    """(pooling mode, normalize) from ``modules.json``; refuses what we cannot reproduce."""
+    types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if not types or types[0] != TRANSFORMER:
+        raise BadInputError(
+            f"{store.url('modules.json')}: the first module must be {TRANSFORMER}, got {types[:1]}"
+        )
+    unsupported = [t for t in types[1:] if t not in (POOLING, NORMALIZE)]
+    if unsupported:
+        raise BadInputError(
+            f"{store.url('modules.json')}: modules {unsupported} are not supported (only "
+            "Transformer -> Pooling -> Normalize); a Dense layer would change the vectors"
+        )
+    pooling_modules = [m for m, t in zip(modules, types, strict=True) if t == POOLING]
+    if len(pooling_modules) != 1:
+        raise BadInputError(f"{store.url('modules.json')}: expected one Pooling module")
+    rel = f"{pooling_modules[0].get('path', '1_Pooling')}/config.json"
+    config = _json(store, rel)
+    if not isinstance(config, dict):
+        raise BadInputError(f"{store.url(rel)} is missing: the Pooling module has no config")
+    # {"pooling_mode": "mean"} (sentence-transformers 6) or {"pooling_mode_mean_tokens": true}.
+    modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v is True)
+    if isinstance(config.get("pooling_mode"), str):
+        modes = [f"pooling_mode_{config['pooling_mode']}_tokens"]
+    if modes != ["pooling_mode_mean_tokens"]:
+        raise BadInputError(
+            f"{store.url(rel)}: pooling {modes} is not supported (mean pooling only, "
+            "pooling_mode_mean_tokens)"
+        )
+    return "mean", NORMALIZE in types
+
+
+def read_source(source: str, storage_options: dict[str, Any] | None = None) -> SourceModel:
+    """Read and validate the model directory at ``source``.
+
+    :raises BadInputError: naming the file and what to do: not a model directory,
+        remote code, no safetensors weights, no fast tokenizer, an unsupported
+        architecture, pooling, module or prompt.
+    """
+    root = _root_url(source)
+    store = ArtifactStore(root, storage_options)
+    config = _json(store, "config.json")
+    if not isinstance(config, dict):
+        raise BadInputError(
+            f"{root} has no config.json: not a Hugging Face transformers or "
+            "sentence-transformers model directory"
+        )
+    if config.get("auto_map") or config.get("trust_remote_code"):
+        raise BadInputError(
+            f"{root}/config.json needs trust_remote_code (auto_map "
+            f"{sorted(config.get('auto_map') or {})}): code from a model directory is never "
+            "run; use a model whose architecture transformers ships"
+        )
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise BadInputError(
+            f"{root}/config.json: model_type {model_type!r} is not supported yet (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if config.get("position_embedding_type", "absolute") != "absolute" or config.get(
+        "hidden_act", "gelu"
+    ) not in ("gelu",):
+        raise BadInputError(
+            f"{root}/config.json: only absolute positions and exact gelu are supported, got "
+            f"{config.get('position_embedding_type')!r} and {config.get('hidden_act')!r}"
+        )
+    if not store.exists("model.safetensors"):
+        names = set(store.listdir(""))
+        if "pytorch_model.bin" in names or any(n.endswith(".bin") for n in names):
+            raise BadInputError(
+                f"{root} has only PyTorch pickle weights (.bin), which are never unpickled "
+                f"here; convert them to safetensors first: {CONVERT_TO_SAFETENSORS.format(path=source)}"
+            )
+        raise BadInputError(f"{root} has no model.safetensors")
+    if not store.exists("tokenizer.json"):
+        raise BadInputError(
+            f"{root} has no tokenizer.json (a fast tokenizer); write one with: "
+            f"{SAVE_FAST_TOKENIZER.format(path=source)}"
+        )
+    modules = _json(store, "modules.json")
+    if modules is None:
+        kind, pooling, normalize = "transformers", "mean", False
+        st_config: dict[str, Any] = {}
+    else:
+        if not isinstance(modules, list):
+            raise BadInputError(f"{root}/modules.json must be a list of modules")
+        kind = "sentence-transformers"
+        pooling, normalize = _pooling(store, modules)
+        st_config = _json(store, "sentence_bert_config.json") or {}
+        prompts = (_json(store, "config_sentence_transformers.json") or {}).get("prompts") or {}
+        if any(prompts.values()):
+            raise BadInputError(
+                f"{root}/config_sentence_transformers.json defines prompts {sorted(prompts)}: "
+                "prompts are not supported yet (the vectors would differ from encode(prompt_name=...))"
+            )
+    positions = int(config.get("max_position_embeddings", 512))
+    max_seq_length = st_config.get("max_seq_length")
+    if max_seq_length is None:
+        tok_cfg = _json(store, "tokenizer_config.json") or {}
+        limit = tok_cfg.get("model_max_length")
+        max_seq_length = (
+            int(limit) if isinstance(limit, int | float) and limit <= positions else positions
+        )
+    if not 2 <= int(max_seq_length) <= positions:
+        raise BadInputError(
+            f"{root}: max_seq_length {max_seq_length} is not within 2..{positions} "
+            "(max_position_embeddings)"
+        )
+    return SourceModel(
+        url=root,
+        config=config,
+        weights=store.read_bytes("model.safetensors"),
+        tokenizer_json=store.read_bytes("tokenizer.json"),
+        max_seq_length=int(max_seq_length),
+        pooling=pooling,
+        normalize=normalize,
+        kind=kind,
+    )

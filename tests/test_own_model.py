@@ -1,0 +1,204 @@
+"""A team's own model through every job, as a team would run it: a sentence-transformers
+directory of another shape (its own cased tokenizer, 48-wide, ``max_seq_length`` 384)
+published as a base version, embedded, trained from, evaluated, gated, promoted,
+embedded again and exported, each step checked against sentence-transformers itself.
+And the directories this project must refuse, each with the reason and exit 2."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports huggingface_hub: it reads these once, at import time.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedfresh.core import layout
+from embedfresh.core.parquet import read_parquet
+from embedfresh.core.storage import ArtifactStore
+from tests.conftest import DAY1, run_job
+from tests.own_model import CORPUS, MAX_SEQ_LENGTH, build_own_model
+
+MIN_COSINE = 0.99999
+
+
+@pytest.fixture(scope="module")
+def own_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_own_model(tmp_path_factory.mktemp("own") / "acme-st")
+
+
+def _last_json(done) -> dict:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _texts(st) -> list[str]:
+    """Several scripts; short, over 256 and over 384 tokens of the model's own tokenizer."""
+    texts = []
+    for i, sentence in enumerate(CORPUS):
+        texts += [sentence, " ".join([sentence] * (6 + 2 * i)), " ".join([sentence] * 40)]
+    return texts
+
+
+def _embed_and_read(root: str, model: str, version: str, corpus: str) -> tuple[list, np.ndarray]:
+    sets = [f"artifact_root={root}", f"model={model}", f"version={version}", f"corpus={corpus}"]
+    _last_json(run_job("embed", *sets))
+    _last_json(run_job("embed_verify", *sets))
+    store = ArtifactStore(root)
+    t = read_parquet(store, f"{layout.embeddings(model, version, corpus)}/part-00000.parquet")
+    vectors = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
+    return t.column("id").to_pylist(), vectors
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_own_model_published_trained_gated_promoted_embedded_and_exported(
+    own_model: Path, root: str, tmp_path: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from embedfresh.jobs.export_st import local_copy
+
+    store = ArtifactStore(root)
+    st = SentenceTransformer(str(own_model), device="cpu")
+    assert st.max_seq_length == MAX_SEQ_LENGTH
+    texts = _texts(st)
+    tokens = np.array([len(t) for t in st.tokenizer(texts, truncation=False)["input_ids"]])
+    assert (tokens > 256).sum() >= 4 and (tokens > MAX_SEQ_LENGTH).sum() >= 4, tokens
+    assert ((tokens > 256) & (tokens <= MAX_SEQ_LENGTH)).sum() >= 2, tokens
+    ids = [f"acme-{hashlib.md5(t.encode()).hexdigest()[:12]}" for t in texts]
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": ids, "text": texts}), sink)
+    store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
+    common = [f"artifact_root={root}", "model=acme"]
+
+    # Publish: a committed version with the model's own tokenizer, made production.
+    published = _last_json(run_job("publish_model", *common, f"source={own_model}"))
+    assert published["production"] == "base" and published["max_seq_length"] == MAX_SEQ_LENGTH
+    version_dir = layout.model_version("acme", "base")
+    assert (
+        store.read_bytes(f"{version_dir}/tokenizer.json")
+        == (own_model / "tokenizer.json").read_bytes()
+    )
+    registry = store.read_json(layout.registry("acme"))
+    assert registry["history"][0]["verdict"] == "BASE"
+    # A re-run finds it published; another source under the same name is refused.
+    assert _last_json(run_job("publish_model", *common, f"source={own_model}"))["version"] == "base"
+    other = tmp_path / "other"
+    shutil.copytree(own_model, other)
+    again = run_job("publish_model", *common, f"source={other}")
+    assert again.returncode == 2 and "already exists from another source" in again.stderr
+
+    # Embed with the base version: sentence-transformers' vectors at its own 384 tokens.
+    out_ids, ours = _embed_and_read(root, "acme", "base", "catalogue")
+    assert out_ids == ids
+    report = store.read_json("runs/acme/manual/reports/embed.json")
+    assert report["max_length"] == MAX_SEQ_LENGTH
+    assert report["truncated"] == int((tokens > MAX_SEQ_LENGTH).sum())
+    cos = _cosines(ours, st.encode(texts, batch_size=8))
+    assert cos.min() >= MIN_COSINE, cos.min()
+
+    # Train from production (the base), with its tokenizer; evaluate, gate, promote.
+    run = [*common, "run_id=r1"]
+    trained = _last_json(
+        run_job(
+            "train",
+            *run,
+            f"data_interval_start={DAY1}",
+            "epochs=1",
+            "learning_rate=0.001",
+            "incremental_lr_scale=1",
+        )
+    )
+    assert trained["init"]["version"] == "base"
+    assert (
+        store.read_bytes(f"{layout.model_version('acme', 'r1')}/tokenizer.json")
+        == (own_model / "tokenizer.json").read_bytes()
+    )
+    _last_json(run_job("evaluate", *run))
+    gate = _last_json(run_job("gate", *run, 'metrics=["recall_at_10","accuracy"]'))
+    assert gate["verdict"] == "PASS" and gate["reference"] == "base"
+    assert _last_json(run_job("promote", *run))["production"] == "r1"
+
+    # The promoted version: its embeddings equal its sentence-transformers export's.
+    _, trained_vectors = _embed_and_read(root, "acme", "r1", "catalogue")
+    exported = _last_json(run_job("export_st", *common, "version=r1"))
+    assert exported["max_seq_length"] == MAX_SEQ_LENGTH
+    copy = local_copy(store, "acme", "r1", tmp_path / "r1-st")
+    tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    assert tok_cfg["do_lower_case"] is False  # cased, as the model's own tokenizer
+    reference = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
+    assert _cosines(trained_vectors, reference).min() >= MIN_COSINE
+    assert _cosines(trained_vectors, ours).min() < 0.9999  # training changed the model
+
+
+def _variant(src: Path, dest: Path, edit) -> Path:
+    shutil.copytree(src, dest)
+    edit(dest)
+    return dest
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda d: _edit_json(d / "config.json", auto_map={"AutoModel": "modeling.Mine"}),
+            "needs trust_remote_code",
+        ),
+        (
+            lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+            "save_pretrained('",
+        ),
+        (lambda d: (d / "tokenizer.json").unlink(), "has no tokenizer.json"),
+        (
+            lambda d: _edit_json(d / "config.json", model_type="xlm-roberta"),
+            "model_type 'xlm-roberta' is not supported yet",
+        ),
+        (
+            lambda d: _edit_json(d / "1_Pooling" / "config.json", pooling_mode="cls"),
+            "pooling ['pooling_mode_cls_tokens'] is not supported",
+        ),
+        (
+            lambda d: _edit_json(
+                d / "config_sentence_transformers.json", prompts={"query": "query: "}
+            ),
+            "prompts are not supported yet",
+        ),
+    ],
+    ids=["remote-code", "bin-only", "no-fast-tokenizer", "architecture", "cls-pooling", "prompts"],
+)
+def test_directories_this_project_would_embed_differently_are_refused(
+    own_model: Path, tmp_path: Path, edit, message: str
+) -> None:
+    source = _variant(own_model, tmp_path / "variant", edit)
+    root = f"file://{tmp_path / 'store'}"
+    done = run_job("publish_model", f"artifact_root={root}", "model=acme", f"source={source}")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "store").exists()  # validated before the first write
+
+
+def test_an_unknown_model_names_the_command_that_publishes_it(root: str) -> None:
+    done = run_job("train", f"artifact_root={root}", "model=acme", f"data_interval_start={DAY1}")
+    assert done.returncode == 2
+    assert "python -m embedfresh.jobs.publish_model" in done.stderr and "model=acme" in done.stderr
+    preset = run_job("publish_model", f"artifact_root={root}", "model=tiny", f"source={root}")
+    assert preset.returncode == 2 and "built-in preset" in preset.stderr
