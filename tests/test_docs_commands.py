@@ -43,11 +43,12 @@ LOOKS_LIKE_SHELL = re.compile(
 
 SLOW_GATE = (
     "docs/GATE.md's recall-pool figures: two 3-epoch trainings and 16 evaluations and "
-    "gates of up to 40,000 eval rows, about 3 minutes; several gates exit 3 by design"
+    "gates of up to 40,000 eval rows, 3 to 6 minutes; the two full-pool gates exit 3 "
+    "(INCONCLUSIVE), as the page says"
 )
 SLOW_PARITY = (
-    "docs/PARITY.md's figures: two full training runs (cpu and torch-xla) with an "
-    "evaluation every 25 steps, minutes on 2 cores"
+    "docs/PARITY.md's figures: two training runs (cpu and torch-xla) with an evaluation "
+    "every 25 steps, about 2 minutes; with dropout on it exits 3 (FAIL), as the page says"
 )
 UI_SERVER = "needs Airflow's API server running with the plugin (make airflow)"
 
@@ -210,7 +211,7 @@ def test_the_docs_hold_shell_commands() -> None:
     found = {c.normalized for b in BLOCKS for c in b.commands}
     assert any("embedfresh.jobs.export_st" in c for c in found)
     assert any(c.startswith("make demo") for c in found)
-    assert any(c.startswith("for ds in products products40k; do") for c in found), found
+    assert any(" do " in c and c.endswith("done") for c in found), "a loop is one command"
     assert not any(c.startswith(("===", "{root}", "control plane")) for c in found)
     docs = {b.doc for b in BLOCKS}
     assert {"README.md", "docs/GATE.md", "docs/HEALTH.md", "docs/UI.md"} <= docs
