@@ -21,15 +21,24 @@ CORPUS = [
 ]
 
 
-def build_own_model(directory: Path, seed: int = 0) -> Path:
-    """Write the model to ``directory`` (sentence-transformers layout); returns it."""
+def build_own_model(directory: Path, model_type: str = "bert", seed: int = 0) -> Path:
+    """Write the model to ``directory`` (sentence-transformers layout); returns it.
+
+    ``model_type``: ``bert`` (the fast path) or ``distilbert`` (another architecture,
+    with its own config names: the generic path)."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
     from tokenizers.trainers import WordPieceTrainer
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import (
+        BertConfig,
+        BertModel,
+        BertTokenizerFast,
+        DistilBertConfig,
+        DistilBertModel,
+    )
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(WordPiece(unk_token="[UNK]"))
@@ -57,16 +66,28 @@ def build_own_model(directory: Path, seed: int = 0) -> Path:
     )
     fast.save_pretrained(hf_dir)
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=96,
-        max_position_embeddings=512,
-        pad_token_id=0,
-    )
-    BertModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    if model_type == "bert":
+        config = BertConfig(
+            vocab_size=tok.get_vocab_size(),
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=512,
+            pad_token_id=0,
+        )
+        BertModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    else:
+        config = DistilBertConfig(
+            vocab_size=tok.get_vocab_size(),
+            dim=HIDDEN,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=96,
+            max_position_embeddings=512,
+            pad_token_id=0,
+        )
+        DistilBertModel(config).save_pretrained(hf_dir, safe_serialization=True)
     transformer = Transformer(str(hf_dir), max_seq_length=MAX_SEQ_LENGTH)
     st = SentenceTransformer(
         modules=[transformer, Pooling(HIDDEN, "mean"), Normalize()], device="cpu"

@@ -1,8 +1,10 @@
 """A team's own model through every job, as a team would run it: a sentence-transformers
-directory of another shape (its own cased tokenizer, 48-wide, ``max_seq_length`` 384)
-published as a base version, embedded, trained from, evaluated, gated, promoted,
-embedded again and exported, each step checked against sentence-transformers itself.
-And the directories this project must refuse, each with the reason and exit 2."""
+directory of another architecture (DistilBERT: the generic transformers path) and
+shape (its own cased tokenizer, 48-wide, ``max_seq_length`` 384) published as a base
+version, embedded, trained from, evaluated, gated, promoted, embedded again and
+exported, each step checked against sentence-transformers itself; a BERT-type one of
+its own on the fast packed path; and the directories this project must refuse, each
+with the reason and exit 2."""
 
 from __future__ import annotations
 
@@ -34,7 +36,13 @@ MIN_COSINE = 0.99999
 
 @pytest.fixture(scope="module")
 def own_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_own_model(tmp_path_factory.mktemp("own") / "acme-st")
+    """model_type distilbert: not BERT, so the generic path."""
+    return build_own_model(tmp_path_factory.mktemp("own") / "acme-st", "distilbert")
+
+
+@pytest.fixture(scope="module")
+def own_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_own_model(tmp_path_factory.mktemp("own-bert") / "acme-bert-st", "bert")
 
 
 def _last_json(done) -> dict:
@@ -105,7 +113,7 @@ def test_own_model_published_trained_gated_promoted_embedded_and_exported(
     out_ids, ours = _embed_and_read(root, "acme", "base", "catalogue")
     assert out_ids == ids
     report = store.read_json("runs/acme/manual/reports/embed.json")
-    assert report["max_length"] == MAX_SEQ_LENGTH
+    assert report["max_length"] == MAX_SEQ_LENGTH and report["forward"] == "padded"
     assert report["truncated"] == int((tokens > MAX_SEQ_LENGTH).sum())
     cos = _cosines(ours, st.encode(texts, batch_size=8))
     assert cos.min() >= MIN_COSINE, cos.min()
@@ -138,10 +146,41 @@ def test_own_model_published_trained_gated_promoted_embedded_and_exported(
     assert exported["max_seq_length"] == MAX_SEQ_LENGTH
     copy = local_copy(store, "acme", "r1", tmp_path / "r1-st")
     tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
-    assert tok_cfg["do_lower_case"] is False  # cased, as the model's own tokenizer
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # as tokenizer.json says
+    assert json.loads((copy / "config.json").read_text())["model_type"] == "distilbert"
     reference = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
     assert _cosines(trained_vectors, reference).min() >= MIN_COSINE
     assert _cosines(trained_vectors, ours).min() < 0.9999  # training changed the model
+
+
+def test_own_bert_model_takes_the_packed_path_with_its_own_tokenizer(
+    own_bert: Path, tmp_path: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from embedfresh.jobs.export_st import local_copy
+
+    root = f"file://{tmp_path / 'store'}"
+    store = ArtifactStore(root)
+    st = SentenceTransformer(str(own_bert), device="cpu")
+    texts = _texts(st)
+    ids = list(range(10**12, 10**12 + len(texts)))  # int64 ids beyond 32 bits
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "text": texts}), sink)
+    store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
+    common = [f"artifact_root={root}", "model=acme-bert"]
+    _last_json(run_job("publish_model", *common, f"source=file://{own_bert}", "version=v0"))
+    out_ids, ours = _embed_and_read(root, "acme-bert", "v0", "catalogue")
+    assert out_ids == ids
+    report = store.read_json("runs/acme-bert/manual/reports/embed.json")
+    assert report["forward"] == "packed" and report["max_length"] == MAX_SEQ_LENGTH
+    assert _cosines(ours, st.encode(texts, batch_size=8)).min() >= MIN_COSINE
+    _last_json(run_job("export_st", *common, "version=v0"))
+    copy = local_copy(store, "acme-bert", "v0", tmp_path / "v0-st")
+    tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    assert tok_cfg["do_lower_case"] is False  # cased, as the model's own tokenizer
+    exported = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
+    assert _cosines(ours, exported).min() >= MIN_COSINE
 
 
 def _variant(src: Path, dest: Path, edit) -> Path:
@@ -169,8 +208,8 @@ def _edit_json(path: Path, **changes) -> None:
         ),
         (lambda d: (d / "tokenizer.json").unlink(), "has no tokenizer.json"),
         (
-            lambda d: _edit_json(d / "config.json", model_type="xlm-roberta"),
-            "model_type 'xlm-roberta' is not supported yet",
+            lambda d: _edit_json(d / "config.json", model_type="gpt2"),
+            "'gpt2' is a decoder or encoder-decoder model",
         ),
         (
             lambda d: _edit_json(d / "1_Pooling" / "config.json", pooling_mode="cls"),
@@ -186,9 +225,9 @@ def _edit_json(path: Path, **changes) -> None:
     ids=["remote-code", "bin-only", "no-fast-tokenizer", "architecture", "cls-pooling", "prompts"],
 )
 def test_directories_this_project_would_embed_differently_are_refused(
-    own_model: Path, tmp_path: Path, edit, message: str
+    own_bert: Path, tmp_path: Path, edit, message: str
 ) -> None:
-    source = _variant(own_model, tmp_path / "variant", edit)
+    source = _variant(own_bert, tmp_path / "variant", edit)
     root = f"file://{tmp_path / 'store'}"
     done = run_job("publish_model", f"artifact_root={root}", "model=acme", f"source={source}")
     assert done.returncode == 2, done.stderr

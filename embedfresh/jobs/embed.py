@@ -59,7 +59,7 @@ from embedfresh.core.shards import (
 )
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
-from embedfresh.ml.embedding.encode import EncodeStats, embed_plan
+from embedfresh.ml.embedding.encode import EncodeStats, embed_plan, uses_packed
 
 log = logging.getLogger("embedfresh.jobs.embed")
 
@@ -251,6 +251,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
 
     model = versions.instantiate(version).to(backend.device)
     model.eval()
+    packed = uses_packed(model, backend, cfg.packed)
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     parity = None
     if cfg.quantize == "int8":
@@ -387,7 +388,10 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "lengths": list(lengths),
         "token_budget": cfg.token_budget,
         "static_batches": cfg.static_batches,
-        "packed": cfg.packed and backend.device.type in ("cpu", "cuda"),
+        # Which forward ran: packed (our BERT encoder on its real tokens) or padded
+        # (XLA/Neuron static shapes, or the generic transformers path of other encoders).
+        "packed": packed,
+        "forward": "packed" if packed else "padded",
         "shapes": sorted([list(s) for s in stats.shapes]),
         # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
         "compiles": backend.compiles(),

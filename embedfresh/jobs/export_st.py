@@ -73,7 +73,9 @@ def vocab_txt(tokenizer_json: bytes) -> bytes:
     return ("\n".join(tok for tok, _ in ordered) + "\n").encode()
 
 
-def tokenizer_settings(tokenizer_json: bytes) -> tuple[dict[str, str], bool]:
+def tokenizer_settings(
+    tokenizer_json: bytes, spec: ModelSpec | None = None
+) -> tuple[dict[str, str], bool]:
     """The special tokens and lower-casing the model's own ``tokenizer.json`` uses: the
     export's ``tokenizer_config.json`` must say the same, or transformers' BERT tokenizer
     rewrites the normaliser to match it and the exported model cuts other tokens."""
@@ -85,21 +87,34 @@ def tokenizer_settings(tokenizer_json: bytes) -> tuple[dict[str, str], bool]:
         "unk_token": (tok.get("model") or {}).get("unk_token", "[UNK]"),
         "pad_token": (tok.get("padding") or {}).get("pad_token", "[PAD]"),
     }
-    for key, name in (("cls_token", "[CLS]"), ("sep_token", "[SEP]"), ("mask_token", "[MASK]")):
-        if name in vocab:
-            special[key] = name
-    return special, lowercase
+    for key, names in (
+        ("cls_token", ("[CLS]", "<s>")),
+        ("sep_token", ("[SEP]", "</s>")),
+        ("mask_token", ("[MASK]", "<mask>")),
+    ):
+        found = [n for n in names if n in vocab]
+        if found:
+            special[key] = found[0]
+    # The pad token the model was trained with (RoBERTa-like models: "<pad>", id 1).
+    pad_id = ((spec.architecture or {}).get("pad_token_id") if spec else None) or 0
+    by_id = {i: t for t, i in vocab.items()} if isinstance(vocab, dict) else {}
+    if pad_id in by_id:
+        special["pad_token"] = by_id[pad_id]
+    return {k: v for k, v in special.items() if v}, lowercase
 
 
-def encoder_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """The encoder's tensors of a relevance model's state dict, under BertModel's names."""
+def encoder_weights(weights: dict[str, Any], prefix: str = ENCODER_PREFIX) -> dict[str, Any]:
+    """The encoder's tensors of a relevance model's state dict under transformers' names
+    (BertModel's for our encoder, the architecture's own on the generic path)."""
     out = {
-        k[len(ENCODER_PREFIX) :]: v.detach().to("cpu").contiguous()
+        k[len(prefix) :]: v.detach().to("cpu").contiguous()
         for k, v in weights.items()
-        if k.startswith(ENCODER_PREFIX)
+        if k.startswith(prefix)
     }
-    if "embeddings.word_embeddings.weight" not in out:
+    if not any(k.startswith("embeddings.") for k in out):
         raise BadInputError("the model version has no encoder weights to export")
+    if prefix != ENCODER_PREFIX:
+        return out
     # BertModel has a pooler (for next-sentence prediction) that mean pooling never
     # reads; zeros keep transformers from reporting it as missing and randomly initialised.
     import torch
@@ -116,24 +131,42 @@ def st_files(
     """Every file of the sentence-transformers directory, by relative path."""
     from safetensors.torch import save
 
-    special, lowercase = tokenizer_settings(tokenizer_json)
+    special, lowercase = tokenizer_settings(tokenizer_json, spec)
+    if spec.architecture is None:  # our BERT encoder, under BertModel's names
+        config = bert_config(spec)
+        weights = encoder_weights(weights)
+        tokenizer_files = {
+            "vocab.txt": vocab_txt(tokenizer_json),
+            "tokenizer_config.json": _json(
+                {
+                    **special,
+                    "tokenizer_class": "BertTokenizer",
+                    "do_lower_case": lowercase,
+                    "do_basic_tokenize": True,
+                    "tokenize_chinese_chars": True,
+                    "strip_accents": None,
+                    "model_max_length": max_seq_length,
+                }
+            ),
+        }
+    else:  # any other encoder: its own config and names; the tokenizer as tokenizer.json says
+        config = spec.architecture
+        weights = encoder_weights(weights, prefix=f"{ENCODER_PREFIX}hf.")
+        tokenizer_files = {
+            "tokenizer_config.json": _json(
+                {
+                    **special,
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "model_max_length": max_seq_length,
+                }
+            ),
+        }
     return {
-        "config.json": _json(bert_config(spec)),
-        "model.safetensors": save(encoder_weights(weights), metadata={"format": "pt"}),
+        "config.json": _json(config),
+        "model.safetensors": save(weights, metadata={"format": "pt"}),
         "tokenizer.json": tokenizer_json,
-        "vocab.txt": vocab_txt(tokenizer_json),
+        **tokenizer_files,
         "special_tokens_map.json": _json(special),
-        "tokenizer_config.json": _json(
-            {
-                **special,
-                "tokenizer_class": "BertTokenizer",
-                "do_lower_case": lowercase,
-                "do_basic_tokenize": True,
-                "tokenize_chinese_chars": True,
-                "strip_accents": None,
-                "model_max_length": max_seq_length,
-            }
-        ),
         "modules.json": _json(
             [
                 {

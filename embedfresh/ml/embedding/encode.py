@@ -26,6 +26,18 @@ class EncodeStats:
     shapes: set[tuple[int, int]] = field(default_factory=set)
 
 
+def uses_packed(model: nn.Module, backend: Backend, packed: bool = True) -> bool:
+    """Whether :func:`embed_plan` runs the packed forward: asked for, on an eager CPU/CUDA
+    device, and a BERT encoder of ours (any other architecture runs padded)."""
+    from embedfresh.ml.model.encoder import BertEncoder
+
+    return (
+        packed
+        and backend.device.type in ("cpu", "cuda")
+        and isinstance(getattr(model, "encoder", None), BertEncoder)
+    )
+
+
 def embed_plan(
     model: nn.Module,
     backend: Backend,
@@ -44,7 +56,7 @@ def embed_plan(
 
     from embedfresh.ml.embedding.packed import packed_embed
 
-    if packed and backend.device.type in ("cpu", "cuda"):
+    if uses_packed(model, backend, packed):
 
         def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return packed_embed(model.encoder, ids, mask)

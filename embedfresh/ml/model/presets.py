@@ -53,6 +53,11 @@ class ModelSpec(BaseModel):
     otherwise. None: the encoder's ``max_position_embeddings``. For ``minilm`` base
     weights it is read from the shipped model's ``sentence_bert_config.json`` (256)."""
 
+    architecture: dict[str, Any] | None = None
+    """A team's own non-BERT encoder: its transformers ``config.json``, run through
+    ``AutoModel`` (the generic path; :mod:`embedfresh.ml.model.hf_encoder`). None: the BERT
+    encoder that ``encoder`` describes (the fast path)."""
+
     @model_validator(mode="before")
     @classmethod
     def _own_max_seq_length(cls, data: Any) -> Any:
@@ -67,26 +72,34 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _fits_positions(self) -> ModelSpec:
-        if self.max_seq_length is not None and (
-            self.max_seq_length > self.encoder.max_position_embeddings
-        ):
+        if self.max_seq_length is not None and self.max_seq_length > self.position_limit:
             raise ValueError(
-                f"max_seq_length {self.max_seq_length} exceeds the encoder's "
-                f"max_position_embeddings {self.encoder.max_position_embeddings}"
+                f"max_seq_length {self.max_seq_length} exceeds the {self.position_limit} "
+                "tokens the encoder's position embeddings take"
             )
         return self
 
     @property
     def embedding_max_length(self) -> int:
         """Default truncation length of embeddings: the model's own, never a demo's."""
-        return self.max_seq_length or self.encoder.max_position_embeddings
+        return self.max_seq_length or self.position_limit
+
+    @property
+    def position_limit(self) -> int:
+        """The most tokens the encoder takes: its position embeddings, less the offset
+        RoBERTa-like models start positions at (``pad_token_id + 1``)."""
+        limit = self.encoder.max_position_embeddings
+        arch = self.architecture or {}
+        if arch.get("model_type") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl"):
+            limit -= int(arch.get("pad_token_id") or 1) + 1
+        return limit
 
     def check_embedding_length(self, length: int) -> int:
         """``length`` if the encoder can take it.
 
         :raises BadInputError: longer than the encoder's position embeddings.
         """
-        limit = self.encoder.max_position_embeddings
+        limit = self.position_limit
         if length > limit:
             raise BadInputError(
                 f"max_length {length} exceeds the max_position_embeddings ({limit}) of model "
@@ -99,7 +112,7 @@ class ModelSpec(BaseModel):
         """Short hash of the architecture: checkpoints of another config are refused.
 
         ``max_seq_length`` is left out: it changes no weight and no training shape."""
-        fields = self.model_dump(mode="json", exclude={"max_seq_length"})
+        fields = self.model_dump(mode="json", exclude={"max_seq_length"}, exclude_none=True)
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

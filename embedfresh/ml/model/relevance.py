@@ -10,6 +10,15 @@ from embedfresh.ml.model.encoder import BertEncoder
 from embedfresh.ml.model.presets import ModelSpec
 
 
+def make_encoder(spec: ModelSpec) -> nn.Module:
+    """The BERT encoder (fast path), or any other architecture through transformers."""
+    if spec.architecture is None:
+        return BertEncoder(spec.encoder)
+    from embedfresh.ml.model.hf_encoder import HFEncoder
+
+    return HFEncoder(spec.architecture)
+
+
 class RelevanceModel(nn.Module):
     """``forward`` scores (query, product) pairs; ``embed`` is the production embedding."""
 
@@ -20,7 +29,7 @@ class RelevanceModel(nn.Module):
         # [q, p, q*p, |q-p|, cos(q, p), features]: the interactions a dot product alone
         # cannot express, normalised first because unit vectors have tiny components.
         width = 4 * hidden + 1 + spec.num_features
-        self.encoder = BertEncoder(spec.encoder)
+        self.encoder = make_encoder(spec)
         self.head = nn.Sequential(
             nn.LayerNorm(width),
             nn.Linear(width, spec.head_hidden),

@@ -13,8 +13,9 @@ the same way is refused with the reason instead of giving other vectors:
 - the tokenizer must be a fast one (``tokenizer.json``), which every job uses as is;
 - ``max_seq_length`` comes from ``sentence_bert_config.json`` (sentence-transformers < 6)
   or ``tokenizer_config.json``'s ``model_max_length`` (6.x), else the position limit;
-- encoders of the BERT family with absolute positions run on the fast path here; other
-  architectures, CLS/max pooling, Dense layers and prompts are refused by name.
+- BERT encoders with absolute positions run on the fast path here, any other encoder
+  transformers' ``AutoModel`` builds (RoBERTa/XLM-R, MPNet, DistilBERT, ...) on the
+  generic path; decoders, CLS/max pooling, Dense layers and prompts are refused by name.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from embedfresh.core.storage import ArtifactStore
 TRANSFORMER = "Transformer"
 POOLING = "Pooling"
 NORMALIZE = "Normalize"
-SUPPORTED_MODEL_TYPES = ("bert",)
-"""``model_type`` values whose weights load into :class:`~embedfresh.ml.model.encoder.BertEncoder`."""
+FAST_PATH_MODEL_TYPES = ("bert",)
+"""``model_type`` values whose weights load into :class:`~embedfresh.ml.model.encoder.BertEncoder`
+(with absolute positions and exact gelu): the fast path. Any other encoder that
+transformers' ``AutoModel`` builds runs on the generic path."""
 
 CONVERT_TO_SAFETENSORS = (
     'python -c "from transformers import AutoModel; '
@@ -112,6 +115,41 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
     return "mean", NORMALIZE in types
 
 
+def fast_path(config: dict[str, Any]) -> bool:
+    """Whether the model's weights run on our BERT encoder (else the generic path)."""
+    return (
+        config.get("model_type") in FAST_PATH_MODEL_TYPES
+        and config.get("position_embedding_type", "absolute") == "absolute"
+        and config.get("hidden_act", "gelu") == "gelu"
+    )
+
+
+def _check_encoder(root: str, config: dict[str, Any]) -> None:
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
+    )
+
+    model_type = config.get("model_type")
+    if model_type not in MODEL_MAPPING_NAMES:
+        raise BadInputError(
+            f"{root}/config.json: model_type {model_type!r} is not an architecture this "
+            "transformers version ships (AutoModel cannot build it)"
+        )
+    # Encoders are the architectures pre-trained as masked language models (BERT,
+    # RoBERTa/XLM-R, MPNet, DistilBERT, DeBERTa, ModernBERT, ...); GPT-style decoders
+    # and encoder-decoders are not.
+    if (
+        model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        or config.get("is_decoder")
+        or config.get("is_encoder_decoder")
+    ):
+        raise BadInputError(
+            f"{root}/config.json: {model_type!r} is a decoder or encoder-decoder model; "
+            "only encoders are supported"
+        )
+
+
 def read_source(source: str, storage_options: dict[str, Any] | None = None) -> SourceModel:
     """Read and validate the model directory at ``source``.
 
@@ -133,19 +171,7 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
             f"{sorted(config.get('auto_map') or {})}): code from a model directory is never "
             "run; use a model whose architecture transformers ships"
         )
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise BadInputError(
-            f"{root}/config.json: model_type {model_type!r} is not supported yet (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    if config.get("position_embedding_type", "absolute") != "absolute" or config.get(
-        "hidden_act", "gelu"
-    ) not in ("gelu",):
-        raise BadInputError(
-            f"{root}/config.json: only absolute positions and exact gelu are supported, got "
-            f"{config.get('position_embedding_type')!r} and {config.get('hidden_act')!r}"
-        )
+    _check_encoder(root, config)
     if not store.exists("model.safetensors"):
         names = set(store.listdir(""))
         if "pytorch_model.bin" in names or any(n.endswith(".bin") for n in names):

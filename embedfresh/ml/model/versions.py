@@ -173,21 +173,29 @@ def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
 
 def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSpec:
     """The :class:`ModelSpec` of a team's model directory; ``training`` holds the
-    training settings (``max_length``, ``head_hidden``, ...)."""
+    training settings (``max_length``, ``head_hidden``, ...). BERT encoders take the
+    fast path; any other encoder keeps its transformers config (``architecture``)."""
     from embedfresh.ml.data.schema import FEATURE_NAMES
+    from embedfresh.ml.model.hf_encoder import hf_config
+    from embedfresh.ml.model.sources import fast_path
 
-    c = source.config
+    fast = fast_path(source.config)
     try:
+        # Through transformers' config class, whose attribute map reads every family's
+        # names (DistilBERT's dim/n_layers/n_heads are hidden_size/... there).
+        c = hf_config(source.config)
         encoder = EncoderConfig(
-            vocab_size=c["vocab_size"],
-            hidden_size=c["hidden_size"],
-            num_hidden_layers=c["num_hidden_layers"],
-            num_attention_heads=c["num_attention_heads"],
-            intermediate_size=c["intermediate_size"],
-            max_position_embeddings=c["max_position_embeddings"],
-            type_vocab_size=c.get("type_vocab_size", 2),
-            layer_norm_eps=c.get("layer_norm_eps", 1e-12),
-            dropout=c.get("hidden_dropout_prob", 0.1),
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            intermediate_size=getattr(c, "intermediate_size", None)
+            or getattr(c, "hidden_dim", None)
+            or 4 * c.hidden_size,
+            max_position_embeddings=c.max_position_embeddings,
+            type_vocab_size=getattr(c, "type_vocab_size", None) or 2,
+            layer_norm_eps=getattr(c, "layer_norm_eps", None) or 1e-12,
+            dropout=getattr(c, "hidden_dropout_prob", None) or getattr(c, "dropout", 0.1),
         )
         return ModelSpec(
             name=name,
@@ -195,9 +203,10 @@ def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSp
             base_weights="published",
             max_seq_length=source.max_seq_length,
             num_features=len(FEATURE_NAMES),
+            architecture=None if fast else source.config,
             **training,
         )
-    except (KeyError, ValueError) as e:
+    except (AttributeError, KeyError, ValueError) as e:
         raise BadInputError(
             f"{source.url}/config.json does not describe a usable encoder: {e}"
         ) from e
@@ -212,12 +221,25 @@ def source_weights(source: SourceModel, spec: ModelSpec, seed: int) -> dict[str,
 
     net = build_model(spec, seed)
     hf = load_safetensors(source.weights)
-    # sentence-transformers saves the Transformer module's weights without a prefix,
-    # transformers' BertModel with none too; BertForX models prefix them with "bert.".
-    if not any(k.startswith("embeddings.") for k in hf):
-        hf = {k[len("bert.") :]: v for k, v in hf.items() if k.startswith("bert.")}
-    state = {k: v for k, v in hf.items() if not k.startswith(BertEncoder.IGNORED_KEYS)}
-    missing, unexpected = net.encoder.load_state_dict(state, strict=False)
+    if spec.architecture is None:
+        target, ignored = net.encoder, BertEncoder.IGNORED_KEYS
+    else:
+        target, ignored = net.encoder.hf, ("pooler.",)
+    # sentence-transformers and AutoModel save the base model's names; a *ForX model
+    # prefixes them with its base_model_prefix ("bert.", "roberta.", "distilbert.").
+    own = set(target.state_dict())
+    if not own & set(hf):
+        prefixes = {k.split(".", 1)[0] + "." for k in hf if "." in k}
+        for prefix in prefixes:
+            stripped = {k[len(prefix) :]: v for k, v in hf.items() if k.startswith(prefix)}
+            if own & set(stripped):
+                hf = stripped
+                break
+    state = {k: v for k, v in hf.items() if not k.startswith(ignored)}
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    # Position-id buffers and a pooler the checkpoint leaves out are not weights pooling reads.
+    missing = [k for k in missing if not k.startswith(ignored) and not k.endswith("_ids")]
+    unexpected = [k for k in unexpected if not k.endswith("_ids")]
     if missing or unexpected:
         raise BadInputError(
             f"{source.url}/model.safetensors does not match its config.json's encoder: "

@@ -1,0 +1,49 @@
+"""Any encoder architecture transformers ships, as the generic path: ``AutoModel`` built
+from the model's own ``config.json``, mean-pooled over real tokens and L2-normalised,
+the way sentence-transformers' Transformer -> Pooling(mean) -> Normalize computes it.
+
+The BERT family runs on :class:`~embedfresh.ml.model.encoder.BertEncoder` instead (our own
+graph: static shapes, the packed CPU path); everything else (RoBERTa/XLM-R, MPNet,
+DistilBERT, ...) runs here, padded, with transformers' own modules and weight names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def hf_config(architecture: dict[str, Any]) -> Any:
+    """The transformers config object of a ``config.json`` dict."""
+    from transformers import AutoConfig
+
+    fields = dict(architecture)
+    model_type = fields.pop("model_type")
+    return AutoConfig.for_model(model_type, **fields)
+
+
+class HFEncoder(nn.Module):
+    """Token ids and attention mask in, L2-normalised mean-pooled embedding out."""
+
+    def __init__(self, architecture: dict[str, Any]) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        config = hf_config(architecture)
+        #: Padding positions get the model's own pad id: RoBERTa-like models derive
+        #: position ids from it, and a batch is padded with zeros.
+        self.pad_token_id = int(getattr(config, "pad_token_id", None) or 0)
+        self.hf = AutoModel.from_config(config, attn_implementation="sdpa")
+
+    def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        ids = torch.where(attention_mask.bool(), input_ids, self.pad_token_id)
+        return self.hf(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.token_states(input_ids, attention_mask)
+        mask = attention_mask[..., None].to(states.dtype)
+        pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return F.normalize(pooled, p=2, dim=1)
