@@ -47,7 +47,7 @@ from embedfresh.operators import (
     QualityGateOperator,
 )
 from embedfresh.operators.deadline import refresh_deadline_alert
-from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
+from embedfresh.operators.params import COMMON_JOB_ARGS, common_params, gate_metrics_param
 
 CORPUS = "products"
 PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"
@@ -77,6 +77,7 @@ with DAG(
             minimum=1,
             description="Processes per node for health, compile and train (torchrun)",
         ),
+        "gate_metrics": gate_metrics_param(),
     },
     tags=["embedfresh"],
 ) as dag:
@@ -92,7 +93,12 @@ with DAG(
         retry_exponential_backoff=2.0,
     )
     evaluate = EvaluationOperator(task_id="evaluate", **COMMON_JOB_ARGS)
-    gate = QualityGateOperator(task_id="gate", **COMMON_JOB_ARGS, retries=0)
+    gate = QualityGateOperator(
+        task_id="gate",
+        **COMMON_JOB_ARGS,
+        metrics="{{ params.gate_metrics | tojson }}",
+        retries=0,
+    )
     promote = PromoteModelOperator(task_id="promote", **COMMON_JOB_ARGS)
 
     list_shards = CorpusShardsOperator(

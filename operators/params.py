@@ -43,6 +43,20 @@ def model_param() -> Param:
     )
 
 
+def gate_metrics_param() -> Param:
+    """The metrics that must all pass the quality gate; default: the gate job's own."""
+    from embedfresh.core.config import GateConfig
+
+    return Param(
+        GateConfig.model_fields["metrics"].default_factory(),
+        type="array",
+        items={"type": "string"},
+        minItems=1,
+        description="Metrics that must all pass the quality gate (accuracy, auc, log_loss, "
+        "recall_at_10): the ones your model is judged by",
+    )
+
+
 def backend_param(default: str = "cpu", description: str = "Accelerator backend") -> Param:
     return Param(default, enum=list(BACKENDS), description=description)
 

@@ -127,7 +127,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     assert {"data_interval_start", "epochs", "nproc_per_node"} <= set(
         tasks["compile"]["template_fields"]
     )
-    assert {"mode", "tolerance"} <= set(tasks["gate"]["template_fields"])
+    assert {"mode", "tolerance", "metrics"} <= set(tasks["gate"]["template_fields"])
     assert {"version", "corpus", "shards", "token_budget"} <= set(tasks["embed"]["template_fields"])
     assert dag["params"] == {
         "artifact_root": f"file://{tmp_path / 'airflow-home' / 'embedfresh-artifacts'}",
@@ -135,6 +135,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "backend": "cpu",
         "epochs": 3,
         "nproc": 1,
+        "gate_metrics": ["accuracy", "auc", "log_loss", "recall_at_10"],
     }
     assert dag["deadlines"] == [
         {

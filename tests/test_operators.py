@@ -105,6 +105,16 @@ def test_operators_build_their_jobs_settings():
     gate = QualityGateOperator(task_id="g", **common, mode="parity", tolerance=0.002)
     assert gate.build_job_spec().settings["mode"] == "parity"
     assert gate.build_job_spec().settings["tolerance"] == 0.002
+    assert "metrics" not in gate.build_job_spec().settings  # the job's own default
+    # A rendered template (the refresh DAG's gate_metrics Param) is the list's JSON text;
+    # the job gets the list, through the same --set parser as any other setting.
+    rendered = QualityGateOperator(task_id="g", **common, metrics='["recall_at_10", "auc"]')
+    assert rendered.build_job_spec().settings["metrics"] == ["recall_at_10", "auc"]
+    item = next(a for a in rendered.build_job_spec().job_args() if a.startswith("metrics="))
+    assert parse_override(item) == ("metrics", ["recall_at_10", "auc"])
+    bad = QualityGateOperator(task_id="g", **common, metrics="recall_at_10, auc")
+    with pytest.raises(AirflowFailException, match="metrics must be a list"):
+        bad.build_job_spec()
     assert EvaluationOperator(task_id="e", **common).build_job_spec().job == "evaluate"
     # job_settings win over the operator's own, so any config field can be set.
     over = EvaluationOperator(task_id="e2", **common, job_settings={"run_id": "other"})

@@ -72,7 +72,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def test_own_model_published_trained_gated_promoted_embedded_and_exported(
+def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     own_model: Path, root: str, tmp_path: Path
 ) -> None:
     from sentence_transformers import SentenceTransformer
@@ -118,39 +118,70 @@ def test_own_model_published_trained_gated_promoted_embedded_and_exported(
     cos = _cosines(ours, st.encode(texts, batch_size=8))
     assert cos.min() >= MIN_COSINE, cos.min()
 
-    # Train from production (the base), with its tokenizer; evaluate, gate, promote.
-    run = [*common, "run_id=r1"]
-    trained = _last_json(
-        run_job(
-            "train",
-            *run,
-            f"data_interval_start={DAY1}",
-            "epochs=1",
-            "learning_rate=0.001",
-            "incremental_lr_scale=1",
-        )
-    )
-    assert trained["init"]["version"] == "base"
-    assert (
-        store.read_bytes(f"{layout.model_version('acme', 'r1')}/tokenizer.json")
-        == (own_model / "tokenizer.json").read_bytes()
-    )
-    _last_json(run_job("evaluate", *run))
-    gate = _last_json(run_job("gate", *run, 'metrics=["recall_at_10","accuracy"]'))
-    assert gate["verdict"] == "PASS" and gate["reference"] == "base"
-    assert _last_json(run_job("promote", *run))["production"] == "r1"
-
-    # The promoted version: its embeddings equal its sentence-transformers export's.
-    _, trained_vectors = _embed_and_read(root, "acme", "r1", "catalogue")
-    exported = _last_json(run_job("export_st", *common, "version=r1"))
-    assert exported["max_seq_length"] == MAX_SEQ_LENGTH
-    copy = local_copy(store, "acme", "r1", tmp_path / "r1-st")
+    # Its sentence-transformers export reproduces the job's vectors.
+    _last_json(run_job("export_st", *common, "version=base"))
+    copy = local_copy(store, "acme", "base", tmp_path / "base-st")
     tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # as tokenizer.json says
     assert json.loads((copy / "config.json").read_text())["model_type"] == "distilbert"
-    reference = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
-    assert _cosines(trained_vectors, reference).min() >= MIN_COSINE
-    assert _cosines(trained_vectors, ours).min() < 0.9999  # training changed the model
+    exported = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
+    assert _cosines(ours, exported).min() >= MIN_COSINE
+
+
+def test_own_model_through_the_refresh_dag(
+    own_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Published, then the refresh DAG under dag.test() with ``model=acme``: trained from
+    it with its own tokenizer, evaluated, gated against it, promoted, the corpus embedded
+    and verified; the promoted version's export gives the DAG's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedfresh.jobs.export_st import local_copy
+    from tests.test_dags import SOURCES, run_dag
+
+    source = next(s for s in SOURCES if s.dag_id == "embedding_model_refresh" and s.file)
+    root = f"file://{tmp_path / 'artifacts'}"  # the root run_dag gives a DAG file
+    store = ArtifactStore(root)
+    common = [f"artifact_root={root}", "model=acme"]
+    # A random encoder: its own base learning rates, fine-tuned at a tenth of them.
+    rates = ["encoder_learning_rate=0.01", "head_learning_rate=0.01"]
+    _last_json(run_job("publish_model", *common, f"source={own_model}", *rates))
+
+    conf = {"model": "acme", "gate_metrics": ["recall_at_10", "accuracy"], "epochs": 2}
+    run = run_dag(source, tmp_path, request, conf=conf)
+    facts, run_id = run.facts, run.facts["run_id"]
+    assert all(state == "success" for _, _, state in facts["tasks"]), run.output
+    assert {t for t, _, _ in facts["tasks"]} >= {"train", "gate", "promote", "embed", "verify"}
+    assert facts["xcom"]["train"]["init"]["version"] == "base"
+    gate = store.read_json(layout.report("acme", run_id, "gate"))
+    assert gate["verdict"] == "PASS" and gate["reference"]["version"] == "base"
+    assert [m["metric"] for m in gate["metrics"]] == ["recall_at_10", "accuracy"]
+    assert store.read_json(layout.registry("acme"))["production"]["version"] == run_id
+    assert (
+        store.read_bytes(f"{layout.model_version('acme', run_id)}/tokenizer.json")
+        == (own_model / "tokenizer.json").read_bytes()
+    )
+
+    out = layout.embeddings("acme", run_id, "products")
+    assert store.exists(f"{out}/_MANIFEST.json")
+    parts = sorted(n for n in store.listdir(out) if n.endswith(".parquet"))
+    table = pa.concat_tables(read_parquet(store, f"{out}/{n}") for n in parts)
+    ours = table.column("embedding").combine_chunks().flatten().to_numpy()
+    ours = ours.reshape(table.num_rows, -1)
+    corpus = layout.corpus("products")
+    texts = (
+        pa.concat_tables(
+            read_parquet(store, f"{corpus}/{n}")
+            for n in sorted(store.listdir(corpus))
+            if n.endswith(".parquet")
+        )
+        .column("text")
+        .to_pylist()
+    )
+    _last_json(run_job("export_st", *common, f"version={run_id}"))
+    copy = local_copy(store, "acme", run_id, tmp_path / "promoted-st")
+    theirs = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=32)
+    assert _cosines(ours, theirs).min() >= MIN_COSINE
 
 
 def test_own_bert_model_takes_the_packed_path_with_its_own_tokenizer(
