@@ -56,6 +56,7 @@ with DAG(
         artifact_root="{{ params.artifact_root }}",
         model="{{ params.model }}",
         version="{{ params.version }}",
+        corpus="{{ params.corpus }}",
     )
     list_shards = CorpusShardsOperator(
         task_id="list_shards",

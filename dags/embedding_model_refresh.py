@@ -3,8 +3,9 @@
 health -> compile -> train -> evaluate -> gate -> promote -> list_shards -> embed (mapped)
 -> verify.
 
-``health`` checks the devices and links the run will use (a faulty one fails the run
-before anything expensive starts, no retry); ``compile`` traces the training graphs into
+``health`` checks the run's inputs in the store (the model, the corpus: a missing one
+fails the run naming what is there) and the devices and links the run will use (a
+faulty one fails the run before anything expensive starts, no retry); ``compile`` traces the training graphs into
 the shared compile cache (a hit takes seconds); ``train`` trains the production model
 incrementally on the data interval's partition (resuming from its last checkpoint on a
 retry, with exponential backoff); ``evaluate`` scores it on the fixed held-out set;
@@ -81,8 +82,14 @@ with DAG(
     },
     tags=["embedfresh"],
 ) as dag:
+    # The first task also checks the run's inputs: a model nobody published, or a corpus
+    # that is not there, fails here rather than after training.
     health = AcceleratorHealthOperator(
-        task_id="health", **COMMON_JOB_ARGS, nproc_per_node="{{ params.nproc }}", retries=0
+        task_id="health",
+        **COMMON_JOB_ARGS,
+        nproc_per_node="{{ params.nproc }}",
+        check_inputs={"corpus": CORPUS},
+        retries=0,
     )
     compile_graphs = AheadOfTimeCompileOperator(task_id="compile", **TRAINING)
     train = IncrementalTrainingOperator(

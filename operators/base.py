@@ -48,7 +48,8 @@ class EmbedfreshJobOperator(BaseOperator):
     Subclasses set :attr:`job_name` and may add settings in :meth:`job_specific_settings`.
 
     :param artifact_root: root URL of the artifact store, ``file://`` or ``s3://`` (templated).
-    :param model: model config name, ``tiny`` or ``minilm`` (templated).
+    :param model: model name: a preset (``tiny``, ``minilm``) or a team's own published
+        model (templated).
     :param backend: accelerator backend, ``auto``, ``cpu`` or ``cuda`` (templated).
     :param run_id: the job's run id, stable across retries so a retry resumes (templated).
     :param job_settings: extra config fields of the job; they override the operator's
@@ -66,7 +67,12 @@ class EmbedfreshJobOperator(BaseOperator):
         ``local`` those of :class:`~embedfresh.operators.runners.LocalRunner` (templated).
     :param batch: another name for ``runner_settings``, the one the ``aws_batch``
         settings are documented under; give one or the other.
-    :raises AirflowFailException: exit code 2, 3 or 4 (no retry).
+    :param check_inputs: the run's inputs to check in the store before the job starts
+        (errors at the door, for a DAG's first task): ``{"corpus": name, "version": name}``,
+        either or both; when given, ``model`` is checked too (a preset or a model with a
+        production version). Empty: nothing checked (templated).
+    :raises AirflowFailException: exit code 2, 3 or 4 (no retry), or a missing input
+        named by ``check_inputs`` (with what the store holds).
     :raises AirflowException: exit code 75 or any other failure, or an exit 0 without
         this execution's result record (retried per policy).
     """
@@ -82,11 +88,13 @@ class EmbedfreshJobOperator(BaseOperator):
         "env",
         "runner_settings",
         "nproc_per_node",
+        "check_inputs",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "job_settings": "json",
         "env": "json",
         "runner_settings": "json",
+        "check_inputs": "json",
     }
     ui_color = "#e8f4fd"
 
@@ -103,6 +111,7 @@ class EmbedfreshJobOperator(BaseOperator):
         nproc_per_node: int | str = 1,
         runner_settings: dict[str, Any] | None = None,
         batch: dict[str, Any] | None = None,
+        check_inputs: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -116,6 +125,10 @@ class EmbedfreshJobOperator(BaseOperator):
         if runner_settings and batch:
             raise ValueError("give the runner's settings as runner_settings or batch, not both")
         self.runner_settings = runner_settings or batch or {}
+        self.check_inputs = check_inputs or {}
+        unknown = set(self.check_inputs) - {"corpus", "version"}
+        if unknown:
+            raise ValueError(f"check_inputs takes corpus and version, not {sorted(unknown)}")
         # Checked here, at parse time: a typo in a DAG file is an import error, not a
         # task that fails hours later.
         registered = registered_runner(execution_mode)
@@ -172,7 +185,33 @@ class EmbedfreshJobOperator(BaseOperator):
                 f"nproc_per_node must be a whole number of processes, got {self.nproc_per_node!r}"
             ) from None
 
+    def verify_inputs(self) -> None:
+        """Check :attr:`check_inputs` (and the model) in the store; nothing when empty.
+
+        :raises AirflowFailException: one is missing (no retry: it will not appear by
+            itself), naming it and what the store holds.
+        """
+        if not self.check_inputs:
+            return
+        from embedfresh.core import inputs
+        from embedfresh.core.exit_codes import BadInputError
+        from embedfresh.core.storage import ArtifactStore
+
+        try:
+            store = ArtifactStore(self.artifact_root)
+            inputs.check_model(store, self.model)
+            if self.check_inputs.get("version"):
+                inputs.check_version(store, self.model, self.check_inputs["version"])
+            if self.check_inputs.get("corpus"):
+                inputs.check_corpus(store, self.check_inputs["corpus"])
+        except BadInputError as e:
+            raise AirflowFailException(str(e)) from e
+        self.log.info(
+            "inputs present in %s: model %s, %s", store.url(), self.model, self.check_inputs
+        )
+
     def execute(self, context: Any) -> dict[str, Any]:
+        self.verify_inputs()
         ticket = self.result_ticket(context)
         spec = self.build_job_spec(ticket)
         runner = self.runner

@@ -24,29 +24,49 @@ from embedfresh.operators.registry import production_version
 
 
 class ResolveModelVersionOperator(BaseOperator):
-    """Returns ``version`` if given, else the registry's production version of ``model``.
+    """Returns ``version`` if given, else the registry's production version of ``model``;
+    as a DAG's first task it checks them (and ``corpus``, if given) in the store, so a
+    name that does not exist fails at once, naming what does.
 
     :param artifact_root: root URL of the artifact store (templated).
-    :param model: model config name (templated).
+    :param model: model name (templated).
     :param version: explicit model version; empty means production (templated).
+    :param corpus: a corpus the run will read, checked too; empty: none (templated).
+    :raises AirflowFailException: no such version or corpus, or no production version.
     """
 
-    template_fields: Sequence[str] = ("artifact_root", "model", "version")
+    template_fields: Sequence[str] = ("artifact_root", "model", "version", "corpus")
     ui_color = "#f0f0f0"
 
     def __init__(
-        self, *, artifact_root: str, model: str = "tiny", version: str = "", **kwargs: Any
+        self,
+        *,
+        artifact_root: str,
+        model: str = "tiny",
+        version: str = "",
+        corpus: str = "",
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.artifact_root = artifact_root
         self.model = model
         self.version = version
+        self.corpus = corpus
 
     def execute(self, context: Any) -> str:
-        if self.version:
-            return self.version
-        version = production_version(self.artifact_root, self.model)
-        self.log.info("production version of %s: %s", self.model, version)
+        from embedfresh.core import inputs
+        from embedfresh.core.exit_codes import BadInputError
+        from embedfresh.core.storage import ArtifactStore
+
+        version = self.version or production_version(self.artifact_root, self.model)
+        self.log.info("version of %s: %s", self.model, version)
+        store = ArtifactStore(self.artifact_root)
+        try:
+            inputs.check_version(store, self.model, version)
+            if self.corpus:
+                inputs.check_corpus(store, self.corpus)
+        except BadInputError as e:
+            raise AirflowFailException(str(e)) from e
         return version
 
 

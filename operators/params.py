@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from airflow.sdk import Param
 
-from embedfresh.core.settings import BACKENDS, default_artifact_root
+from embedfresh.core.settings import BACKENDS, MODEL_PRESETS, default_artifact_root
 
-MODELS = ["tiny", "minilm"]
+MODELS = list(MODEL_PRESETS)
 DEFAULT_MODEL = "tiny"
 
 #: Task arguments every job operator takes from the Params above.

@@ -241,5 +241,5 @@ def test_a_length_beyond_the_model_or_a_missing_version_is_refused_before_any_wr
     missing = run_job("embed", f"artifact_root={root}", "version=v2")
     assert missing.returncode == 2
     assert "model version v2 of 'tiny' does not exist" in missing.stderr
-    assert "versions in the store: v1" in missing.stderr
+    assert "committed versions: v1)" in missing.stderr
     assert sorted(store.fs.find(store.path(""))) == before

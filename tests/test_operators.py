@@ -129,6 +129,7 @@ def test_defaults_are_templates_and_dict_fields_render_as_json():
         "job_settings": "json",
         "env": "json",
         "runner_settings": "json",
+        "check_inputs": "json",
     }
     with pytest.raises(ValueError, match="unknown execution_mode 'kubernetes'; registered: ") as e:
         EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="kubernetes")
@@ -558,6 +559,11 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
         json.dumps({"model": "tiny", "production": {"version": "v7"}, "history": []})
     )
     assert production_version(root, "tiny") == "v7"
+    # Resolving also checks the version is committed (errors at the door: tests/test_inputs.py).
+    for version in ("v7", "v2"):
+        commit = tmp_path / "models" / "tiny" / "versions" / version / "COMMIT"
+        commit.parent.mkdir(parents=True)
+        commit.write_text(json.dumps({"files": {}}))
     resolve = ResolveModelVersionOperator(task_id="r", artifact_root=root)
     assert resolve.execute({}) == "v7"
     pinned = ResolveModelVersionOperator(task_id="s", artifact_root=root, version="v2")

@@ -17,6 +17,10 @@ from typing import Any
 
 #: The environment variable every component reads the artifact root from: the Airflow
 #: components (DAG Params, the web UI), the jobs they start, and remote containers.
+MODEL_PRESETS: tuple[str, ...] = ("tiny", "minilm")
+"""Built-in model names (:mod:`embedfresh.ml.model.presets`); any other model is a team's
+own, published with ``python -m embedfresh.jobs.publish_model``."""
+
 ARTIFACT_ROOT_ENV = "EMBEDFRESH_ARTIFACT_ROOT"
 
 #: Folder of the embedded default store, under Airflow's home.

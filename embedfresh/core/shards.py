@@ -35,11 +35,17 @@ def list_parts(store: ArtifactStore, directory: str) -> dict[int, str]:
 
 
 def corpus_shards(store: ArtifactStore, corpus: str) -> dict[int, str]:
+    """Shard index -> file name of a corpus's parts.
+
+    :raises BadInputError: the corpus has none, naming the corpora the store holds.
+    """
     directory = layout.corpus(corpus)
     parts = list_parts(store, directory)
     if not parts:
+        known = [c for c in store.listdir("corpora") if list_parts(store, layout.corpus(c))]
         raise BadInputError(
-            f"corpus {corpus!r} has no part-NNNNN.parquet under {store.url(directory)}"
+            f"corpus {corpus!r} has no part-NNNNN.parquet under {store.url(directory)} "
+            f"(corpora there: {', '.join(known[:20]) or 'none'})"
         )
     return parts
 

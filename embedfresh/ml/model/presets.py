@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.settings import MODEL_PRESETS
 
 
 class EncoderConfig(BaseModel):
@@ -185,7 +186,7 @@ def _presets() -> dict[str, ModelSpec]:
     }
 
 
-PRESET_NAMES = ("tiny", "minilm")
+PRESET_NAMES = MODEL_PRESETS
 
 
 def get_spec(name: str) -> ModelSpec:

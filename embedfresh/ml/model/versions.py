@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.inputs import check_model, check_version
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes, weights_bytes
@@ -127,11 +128,7 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
     """
     directory = layout.model_version(model, version)
     url = store.url(directory)
-    if not store.exists(f"{directory}/{markers.COMMIT}"):
-        raise BadInputError(
-            f"model version {version} of {model!r} does not exist ({url} has no "
-            f"{markers.COMMIT}); versions in the store: {', '.join(list_versions(store, model)) or 'none'}"
-        )
+    check_version(store, model, version)
     check = markers.verify(store, directory)
     if not check.ok:
         raise BadInputError(f"model version {url} is not usable: {check.reason}")
@@ -159,14 +156,8 @@ def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
     """
     if model in PRESET_NAMES:
         return get_spec(model), tokenizer_file().read_bytes()
+    check_model(store, model)
     production = Registry(store, model).production_version()
-    if production is None:
-        raise BadInputError(
-            f"model {model!r} is not a preset ({', '.join(PRESET_NAMES)}) and has no production "
-            f"version in {store.url()}: publish it first with python -m "
-            f"embedfresh.jobs.publish_model --set artifact_root={store.url()} --set model={model} "
-            "--set source=<its sentence-transformers directory>"
-        )
     version = load(store, model, production)
     return version.spec, version.tokenizer_json
 
@@ -246,14 +237,6 @@ def source_weights(source: SourceModel, spec: ModelSpec, seed: int) -> dict[str,
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
     return cpu_state_dict(net)
-
-
-def list_versions(store: ArtifactStore, model: str) -> list[str]:
-    """Names of the committed versions of ``model``, sorted."""
-    parent = layout.model_versions(model)
-    return sorted(
-        name for name in store.listdir(parent) if store.exists(f"{parent}/{name}/{markers.COMMIT}")
-    )
 
 
 def instantiate(version: ModelVersion) -> RelevanceModel:
