@@ -21,11 +21,13 @@ CORPUS = [
 ]
 
 
-def build_own_model(directory: Path, model_type: str = "bert", seed: int = 0) -> Path:
+def build_own_model(
+    directory: Path, model_type: str = "bert", seed: int = 0, pooling: str = "mean"
+) -> Path:
     """Write the model to ``directory`` (sentence-transformers layout); returns it.
 
     ``model_type``: ``bert`` (the fast path) or ``distilbert`` (another architecture,
-    with its own config names: the generic path)."""
+    with its own config names: the generic path); ``pooling``: ``mean``, ``cls``, ``max``."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -90,7 +92,7 @@ def build_own_model(directory: Path, model_type: str = "bert", seed: int = 0) ->
         DistilBertModel(config).save_pretrained(hf_dir, safe_serialization=True)
     transformer = Transformer(str(hf_dir), max_seq_length=MAX_SEQ_LENGTH)
     st = SentenceTransformer(
-        modules=[transformer, Pooling(HIDDEN, "mean"), Normalize()], device="cpu"
+        modules=[transformer, Pooling(HIDDEN, pooling), Normalize()], device="cpu"
     )
     st.save(str(directory), safe_serialization=True)
     return directory

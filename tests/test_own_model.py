@@ -45,6 +45,12 @@ def own_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_own_model(tmp_path_factory.mktemp("own-bert") / "acme-bert-st", "bert")
 
 
+@pytest.fixture(scope="module")
+def own_bert_cls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CLS pooling, as BGE models use."""
+    return build_own_model(tmp_path_factory.mktemp("own-cls") / "cls-st", "bert", pooling="cls")
+
+
 def _last_json(done) -> dict:
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -184,13 +190,16 @@ def test_own_model_through_the_refresh_dag(
     assert _cosines(ours, theirs).min() >= MIN_COSINE
 
 
-def test_own_bert_model_takes_the_packed_path_with_its_own_tokenizer(
-    own_bert: Path, tmp_path: Path
+@pytest.mark.parametrize(("model", "forward"), [("own_bert", "packed"), ("own_bert_cls", "padded")])
+def test_own_bert_model_with_its_own_tokenizer_and_pooling(
+    model: str, forward: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """Mean pooling on the packed fast path; CLS pooling (BGE's) on the padded one."""
     from sentence_transformers import SentenceTransformer
 
     from embedfresh.jobs.export_st import local_copy
 
+    own_bert = request.getfixturevalue(model)
     root = f"file://{tmp_path / 'store'}"
     store = ArtifactStore(root)
     st = SentenceTransformer(str(own_bert), device="cpu")
@@ -204,7 +213,7 @@ def test_own_bert_model_takes_the_packed_path_with_its_own_tokenizer(
     out_ids, ours = _embed_and_read(root, "acme-bert", "v0", "catalogue")
     assert out_ids == ids
     report = store.read_json("runs/acme-bert/manual/reports/embed.json")
-    assert report["forward"] == "packed" and report["max_length"] == MAX_SEQ_LENGTH
+    assert report["forward"] == forward and report["max_length"] == MAX_SEQ_LENGTH
     assert _cosines(ours, st.encode(texts, batch_size=8)).min() >= MIN_COSINE
     _last_json(run_job("export_st", *common, "version=v0"))
     copy = local_copy(store, "acme-bert", "v0", tmp_path / "v0-st")
@@ -243,8 +252,8 @@ def _edit_json(path: Path, **changes) -> None:
             "'gpt2' is a decoder or encoder-decoder model",
         ),
         (
-            lambda d: _edit_json(d / "1_Pooling" / "config.json", pooling_mode="cls"),
-            "pooling ['pooling_mode_cls_tokens'] is not supported",
+            lambda d: _edit_json(d / "1_Pooling" / "config.json", pooling_mode="lasttoken"),
+            "pooling ['pooling_mode_lasttoken'] is not supported",
         ),
         (
             lambda d: _edit_json(
@@ -253,7 +262,7 @@ def _edit_json(path: Path, **changes) -> None:
             "prompts are not supported yet",
         ),
     ],
-    ids=["remote-code", "bin-only", "no-fast-tokenizer", "architecture", "cls-pooling", "prompts"],
+    ids=["remote-code", "bin-only", "no-fast-tokenizer", "architecture", "lasttoken", "prompts"],
 )
 def test_directories_this_project_would_embed_differently_are_refused(
     own_bert: Path, tmp_path: Path, edit, message: str

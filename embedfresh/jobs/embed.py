@@ -184,7 +184,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     # bucket lengths give the same vectors up to float rounding).
     settings = {
         "max_length": max_length,
-        "pooling": "mean",
+        "pooling": spec.pooling_mode,
         "normalize": True,
         "quantize": cfg.quantize,
         "backend": backend.name,

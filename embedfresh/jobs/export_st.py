@@ -5,7 +5,7 @@ Writes ``models/{model}/versions/{version}/sentence-transformers/``: ``config.js
 (a ``BertModel`` config), ``model.safetensors`` (the encoder's weights under Hugging
 Face's names, which our encoder already uses), the tokenizer (``tokenizer.json``,
 ``vocab.txt``, ``tokenizer_config.json``, ``special_tokens_map.json``),
-``modules.json`` (Transformer -> mean Pooling -> Normalize), ``sentence_bert_config.json``
+``modules.json`` (Transformer -> Pooling (the model's mode) -> Normalize), ``sentence_bert_config.json``
 and ``1_Pooling/config.json``, then a :mod:`embedfresh.core.markers` ``COMMIT`` last. The
 truncation length (``max_seq_length``) defaults to the model's own, as the embed job's does, so
 ``SentenceTransformer(path).encode(texts)`` gives the job's vectors. A committed export
@@ -203,9 +203,9 @@ def st_files(
         "1_Pooling/config.json": _json(
             {
                 "word_embedding_dimension": spec.encoder.hidden_size,
-                "pooling_mode_cls_token": False,
-                "pooling_mode_mean_tokens": True,
-                "pooling_mode_max_tokens": False,
+                "pooling_mode_cls_token": spec.pooling_mode == "cls",
+                "pooling_mode_mean_tokens": spec.pooling_mode == "mean",
+                "pooling_mode_max_tokens": spec.pooling_mode == "max",
                 "pooling_mode_mean_sqrt_len_tokens": False,
             }
         ),

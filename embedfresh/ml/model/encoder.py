@@ -132,12 +132,30 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-class BertEncoder(nn.Module):
-    """Token ids and attention mask in, L2-normalised mean-pooled embedding out."""
+POOLING_MODES = ("mean", "cls", "max")
+"""Pooling over token states, as sentence-transformers' Pooling module computes them."""
 
-    def __init__(self, cfg: EncoderConfig) -> None:
+
+def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """[rows, length, hidden] token states -> [rows, hidden]: the mean or max over real
+    tokens, or the first token's state (``cls``)."""
+    mask = attention_mask[..., None].to(states.dtype)
+    if mode == "cls":
+        return states[:, 0]
+    if mode == "max":
+        # sentence-transformers sets padding to -1e9 before the max.
+        return torch.where(mask.bool(), states, torch.full_like(states, -1e9)).max(1).values
+    return (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+class BertEncoder(nn.Module):
+    """Token ids and attention mask in, L2-normalised pooled embedding out (mean pooling
+    unless the model's own Pooling config says ``cls`` or ``max``)."""
+
+    def __init__(self, cfg: EncoderConfig, pooling: str = "mean") -> None:
         super().__init__()
         self.config = cfg
+        self.pooling = pooling
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertLayers(cfg)
         self.apply(_init_weights)
@@ -151,9 +169,7 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.token_states(input_ids, attention_mask)
-        mask = attention_mask[..., None].to(states.dtype)
-        pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return F.normalize(pooled, p=2, dim=1)
+        return F.normalize(pool(states, attention_mask, self.pooling), p=2, dim=1)
 
     # Keys in HF checkpoints that this encoder does not use (the pooler is for NSP).
     IGNORED_KEYS = ("pooler.", "embeddings.position_ids")

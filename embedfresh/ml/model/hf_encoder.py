@@ -1,6 +1,6 @@
 """Any encoder architecture transformers ships, as the generic path: ``AutoModel`` built
-from the model's own ``config.json``, mean-pooled over real tokens and L2-normalised,
-the way sentence-transformers' Transformer -> Pooling(mean) -> Normalize computes it.
+from the model's own ``config.json``, pooled as its Pooling config says (mean, cls or max) and L2-normalised,
+the way sentence-transformers' Transformer -> Pooling -> Normalize computes it.
 
 The BERT family runs on :class:`~embedfresh.ml.model.encoder.BertEncoder` instead (our own
 graph: static shapes, the packed CPU path); everything else (RoBERTa/XLM-R, MPNet,
@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embedfresh.ml.model.encoder import pool
+
 
 def hf_config(architecture: dict[str, Any]) -> Any:
     """The transformers config object of a ``config.json`` dict."""
@@ -26,12 +28,13 @@ def hf_config(architecture: dict[str, Any]) -> Any:
 
 
 class HFEncoder(nn.Module):
-    """Token ids and attention mask in, L2-normalised mean-pooled embedding out."""
+    """Token ids and attention mask in, L2-normalised pooled embedding out."""
 
-    def __init__(self, architecture: dict[str, Any]) -> None:
+    def __init__(self, architecture: dict[str, Any], pooling: str = "mean") -> None:
         super().__init__()
         from transformers import AutoModel
 
+        self.pooling = pooling
         config = hf_config(architecture)
         #: Padding positions get the model's own pad id: RoBERTa-like models derive
         #: position ids from it, and a batch is padded with zeros.
@@ -44,6 +47,4 @@ class HFEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.token_states(input_ids, attention_mask)
-        mask = attention_mask[..., None].to(states.dtype)
-        pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return F.normalize(pooled, p=2, dim=1)
+        return F.normalize(pool(states, attention_mask, self.pooling), p=2, dim=1)

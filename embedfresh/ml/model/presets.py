@@ -54,6 +54,9 @@ class ModelSpec(BaseModel):
     otherwise. None: the encoder's ``max_position_embeddings``. For ``minilm`` base
     weights it is read from the shipped model's ``sentence_bert_config.json`` (256)."""
 
+    pooling: Literal["cls", "max"] | None = None
+    """How token states become one vector when not the mean (None): a model whose
+    sentence-transformers Pooling config says ``cls`` or ``max``."""
     architecture: dict[str, Any] | None = None
     """A team's own non-BERT encoder: its transformers ``config.json``, run through
     ``AutoModel`` (the generic path; :mod:`embedfresh.ml.model.hf_encoder`). None: the BERT
@@ -84,6 +87,10 @@ class ModelSpec(BaseModel):
     def embedding_max_length(self) -> int:
         """Default truncation length of embeddings: the model's own, never a demo's."""
         return self.max_seq_length or self.position_limit
+
+    @property
+    def pooling_mode(self) -> str:
+        return self.pooling or "mean"
 
     @property
     def position_limit(self) -> int:

@@ -13,10 +13,10 @@ from embedfresh.ml.model.presets import ModelSpec
 def make_encoder(spec: ModelSpec) -> nn.Module:
     """The BERT encoder (fast path), or any other architecture through transformers."""
     if spec.architecture is None:
-        return BertEncoder(spec.encoder)
+        return BertEncoder(spec.encoder, spec.pooling_mode)
     from embedfresh.ml.model.hf_encoder import HFEncoder
 
-    return HFEncoder(spec.architecture)
+    return HFEncoder(spec.architecture, spec.pooling_mode)
 
 
 class RelevanceModel(nn.Module):

@@ -15,7 +15,8 @@ the same way is refused with the reason instead of giving other vectors:
   or ``tokenizer_config.json``'s ``model_max_length`` (6.x), else the position limit;
 - BERT encoders with absolute positions run on the fast path here, any other encoder
   transformers' ``AutoModel`` builds (RoBERTa/XLM-R, MPNet, DistilBERT, ...) on the
-  generic path; decoders, CLS/max pooling, Dense layers and prompts are refused by name.
+  generic path, pooled by mean, CLS token or max as their Pooling config says;
+  decoders, other pooling modes, Dense layers and prompts are refused by name.
 """
 
 from __future__ import annotations
@@ -106,13 +107,20 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
     # {"pooling_mode": "mean"} (sentence-transformers 6) or {"pooling_mode_mean_tokens": true}.
     modes = sorted(k for k, v in config.items() if k.startswith("pooling_mode_") and v is True)
     if isinstance(config.get("pooling_mode"), str):
-        modes = [f"pooling_mode_{config['pooling_mode']}_tokens"]
-    if modes != ["pooling_mode_mean_tokens"]:
+        modes = [f"pooling_mode_{config['pooling_mode']}"]
+    supported = {
+        "pooling_mode_mean_tokens": "mean",
+        "pooling_mode_mean": "mean",
+        "pooling_mode_cls_token": "cls",
+        "pooling_mode_cls": "cls",
+        "pooling_mode_max_tokens": "max",
+        "pooling_mode_max": "max",
+    }
+    if len(modes) != 1 or modes[0] not in supported:
         raise BadInputError(
-            f"{store.url(rel)}: pooling {modes} is not supported (mean pooling only, "
-            "pooling_mode_mean_tokens)"
+            f"{store.url(rel)}: pooling {modes} is not supported (one of mean, cls or max)"
         )
-    return "mean", NORMALIZE in types
+    return supported[modes[0]], NORMALIZE in types
 
 
 def fast_path(config: dict[str, Any]) -> bool:

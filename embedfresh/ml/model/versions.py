@@ -195,6 +195,7 @@ def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSp
             max_seq_length=source.max_seq_length,
             num_features=len(FEATURE_NAMES),
             architecture=None if fast else source.config,
+            pooling=None if source.pooling == "mean" else source.pooling,
             **training,
         )
     except (AttributeError, KeyError, ValueError) as e:
