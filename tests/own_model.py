@@ -22,15 +22,27 @@ CORPUS = [
 
 
 def build_own_model(
-    directory: Path, model_type: str = "bert", seed: int = 0, pooling: str = "mean"
+    directory: Path,
+    model_type: str = "bert",
+    seed: int = 0,
+    pooling: str = "mean",
+    dense: int | None = None,
+    prompts: dict[str, str] | None = None,
 ) -> Path:
     """Write the model to ``directory`` (sentence-transformers layout); returns it.
 
     ``model_type``: ``bert`` (the fast path) or ``distilbert`` (another architecture,
-    with its own config names: the generic path); ``pooling``: ``mean``, ``cls``, ``max``."""
+    with its own config names: the generic path); ``pooling``: ``mean``, ``cls``, ``max``;
+    ``dense``: a Dense module (tanh) to this many features after pooling; ``prompts``:
+    the model's query/document prompts."""
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
     from tokenizers.trainers import WordPieceTrainer
@@ -91,8 +103,9 @@ def build_own_model(
         )
         DistilBertModel(config).save_pretrained(hf_dir, safe_serialization=True)
     transformer = Transformer(str(hf_dir), max_seq_length=MAX_SEQ_LENGTH)
-    st = SentenceTransformer(
-        modules=[transformer, Pooling(HIDDEN, pooling), Normalize()], device="cpu"
-    )
+    modules = [transformer, Pooling(HIDDEN, pooling)]
+    if dense:
+        modules.append(Dense(HIDDEN, dense, activation_function=torch.nn.Tanh()))
+    st = SentenceTransformer(modules=[*modules, Normalize()], device="cpu", prompts=prompts)
     st.save(str(directory), safe_serialization=True)
     return directory

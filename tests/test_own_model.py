@@ -223,6 +223,45 @@ def test_own_bert_model_with_its_own_tokenizer_and_pooling(
     assert _cosines(ours, exported).min() >= MIN_COSINE
 
 
+def test_dense_module_and_prompts_as_sentence_transformers_has_them(tmp_path: Path) -> None:
+    """A Dense module (48 -> 32, tanh) after pooling and query/document prompts: the
+    corpus is embedded as ``encode_document`` does it, the export keeps both, and
+    training and evaluation run with the query prompt."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedfresh.jobs.export_st import local_copy
+    from tests.conftest import write_data
+
+    prompts = {"query": "query: ", "document": "passage: "}
+    source = build_own_model(tmp_path / "dense-st", "bert", dense=32, prompts=prompts)
+    root = f"file://{tmp_path / 'store'}"
+    write_data(root)
+    store = ArtifactStore(root)
+    st = SentenceTransformer(str(source), device="cpu")
+    common = [f"artifact_root={root}", "model=acme-dense"]
+    _last_json(run_job("publish_model", *common, f"source={source}"))
+    texts = read_parquet(store, f"{layout.corpus('products')}/part-00000.parquet")
+    texts = texts.column("text").to_pylist()
+    _, ours = _embed_and_read(root, "acme-dense", "base", "products")
+    assert ours.shape == (len(texts), 32)
+    report = store.read_json("runs/acme-dense/manual/reports/embed.json")
+    assert report["forward"] == "padded"
+    assert _cosines(ours, st.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
+    # The prompt matters: without it the vectors differ (a negative control).
+    assert _cosines(ours, st.encode(texts, batch_size=32)).min() < 0.9999
+
+    _last_json(run_job("export_st", *common, "version=base"))
+    copy = local_copy(store, "acme-dense", "base", tmp_path / "dense-export")
+    exported = SentenceTransformer(str(copy), device="cpu")
+    assert exported.prompts.get("document") == "passage: "
+    assert _cosines(ours, exported.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
+
+    run = [*common, "run_id=r1"]
+    trained = run_job("train", *run, f"data_interval_start={DAY1}", "max_steps=3")
+    assert _last_json(trained)["steps"] == 3
+    assert _last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
+
+
 def _variant(src: Path, dest: Path, edit) -> Path:
     shutil.copytree(src, dest)
     edit(dest)
@@ -257,12 +296,21 @@ def _edit_json(path: Path, **changes) -> None:
         ),
         (
             lambda d: _edit_json(
-                d / "config_sentence_transformers.json", prompts={"query": "query: "}
+                d / "config_sentence_transformers.json",
+                prompts={"query": "query: "},
+                default_prompt_name="query",
             ),
-            "prompts are not supported yet",
+            "default_prompt_name 'query' is not supported",
         ),
     ],
-    ids=["remote-code", "bin-only", "no-fast-tokenizer", "architecture", "lasttoken", "prompts"],
+    ids=[
+        "remote-code",
+        "bin-only",
+        "no-fast-tokenizer",
+        "architecture",
+        "lasttoken",
+        "default-prompt",
+    ],
 )
 def test_directories_this_project_would_embed_differently_are_refused(
     own_bert: Path, tmp_path: Path, edit, message: str

@@ -164,7 +164,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     backend = get_backend(cfg.backend)
     version = versions.load(store, cfg.model, cfg.version)
     spec = version.spec
-    hidden = spec.encoder.hidden_size
+    hidden = spec.embedding_dim
     max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
     lengths = padded_lengths(cfg.lengths, max_length)
     version_marker = versions.is_committed(store, cfg.model, cfg.version) or {}
@@ -185,6 +185,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     settings = {
         "max_length": max_length,
         "pooling": spec.pooling_mode,
+        "dense": [layer.model_dump() for layer in spec.dense or []],
+        "prompt": spec.prompt("document"),
         "normalize": True,
         "quantize": cfg.quantize,
         "backend": backend.name,
@@ -215,6 +217,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         log.info("shards %s committed and current in %s: reused", skipped, store.url(out_dir))
 
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
+    prompt = spec.prompt("document")
     # Sorted ids of the shards read so far, to refuse ids repeated across this task's
     # shards: 8 bytes a row (int ids) is the only state that grows with the corpus.
     seen: np.ndarray | None = None
@@ -225,6 +228,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         rel = f"{corpus_dir}/{available[index]}"
         ids, texts = read_corpus_shard(store, rel)
+        if prompt:  # the model's document prompt, as encode_document puts it
+            texts = [prompt + t for t in texts]
         if seen is None:
             seen = ids[:0]
         if id_type(seen) != id_type(ids):

@@ -25,6 +25,7 @@ from embedfresh.core.config import ExportConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.model.presets import ModelSpec
+from embedfresh.ml.model.sources import ACTIVATIONS as ACTIVATION_NAMES
 
 log = logging.getLogger("embedfresh.jobs.export_st")
 
@@ -109,7 +110,7 @@ def encoder_weights(weights: dict[str, Any], prefix: str = ENCODER_PREFIX) -> di
     out = {
         k[len(prefix) :]: v.detach().to("cpu").contiguous()
         for k, v in weights.items()
-        if k.startswith(prefix)
+        if k.startswith(prefix) and not k.startswith(f"{ENCODER_PREFIX}dense.")
     }
     if not any(k.startswith("embeddings.") for k in out):
         raise BadInputError("the model version has no encoder weights to export")
@@ -125,6 +126,58 @@ def encoder_weights(weights: dict[str, Any], prefix: str = ENCODER_PREFIX) -> di
     return out
 
 
+def weights_of_dense(weights: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each Dense module's tensors (``linear.weight``, ``linear.bias``), in order."""
+    layers: dict[int, dict[str, Any]] = {}
+    for key, value in weights.items():
+        if key.startswith(f"{ENCODER_PREFIX}dense."):
+            index, name = key[len(f"{ENCODER_PREFIX}dense.") :].split(".", 1)
+            layers.setdefault(int(index), {})[name] = value.detach().to("cpu").contiguous()
+    return [layers[i] for i in sorted(layers)]
+
+
+def st_modules(spec: ModelSpec, dense_weights: list[dict[str, Any]]) -> dict[str, bytes]:
+    """``modules.json`` (Transformer -> Pooling -> Dense... -> Normalize) and each
+    module's folder: ``1_Pooling/config.json``, ``<i>_Dense/`` (config, weights),
+    ``<n>_Normalize/config.json``."""
+    from safetensors.torch import save
+
+    names = {v: k for k, v in ACTIVATION_NAMES.items()}
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    files = {
+        "1_Pooling/config.json": _json(
+            {
+                "word_embedding_dimension": spec.encoder.hidden_size,
+                "pooling_mode_cls_token": spec.pooling_mode == "cls",
+                "pooling_mode_mean_tokens": spec.pooling_mode == "mean",
+                "pooling_mode_max_tokens": spec.pooling_mode == "max",
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    }
+    for layer, tensors in zip(spec.dense or [], dense_weights, strict=True):
+        path = f"{len(modules)}_Dense"
+        modules.append((path, "Dense"))
+        files[f"{path}/config.json"] = _json(
+            {
+                "in_features": layer.in_features,
+                "out_features": layer.out_features,
+                "bias": layer.bias,
+                "activation_function": names[layer.activation],
+            }
+        )
+        files[f"{path}/model.safetensors"] = save(tensors, metadata={"format": "pt"})
+    path = f"{len(modules)}_Normalize"
+    modules.append((path, "Normalize"))
+    # Object stores have no empty directories; Normalize has no parameters.
+    files[f"{path}/config.json"] = _json({})
+    listing = [
+        {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{kind}"}
+        for i, (p, kind) in enumerate(modules)
+    ]
+    return {"modules.json": _json(listing), **files}
+
+
 def st_files(
     spec: ModelSpec, weights: dict[str, Any], tokenizer_json: bytes, max_seq_length: int
 ) -> dict[str, bytes]:
@@ -134,7 +187,7 @@ def st_files(
     special, lowercase = tokenizer_settings(tokenizer_json, spec)
     if spec.architecture is None:  # our BERT encoder, under BertModel's names
         config = bert_config(spec)
-        weights = encoder_weights(weights)
+        tensors = encoder_weights(weights)
         tokenizer_files = {
             "vocab.txt": vocab_txt(tokenizer_json),
             "tokenizer_config.json": _json(
@@ -151,7 +204,7 @@ def st_files(
         }
     else:  # any other encoder: its own config and names; the tokenizer as tokenizer.json says
         config = spec.architecture
-        weights = encoder_weights(weights, prefix=f"{ENCODER_PREFIX}hf.")
+        tensors = encoder_weights(weights, prefix=f"{ENCODER_PREFIX}hf.")
         tokenizer_files = {
             "tokenizer_config.json": _json(
                 {
@@ -163,54 +216,22 @@ def st_files(
         }
     return {
         "config.json": _json(config),
-        "model.safetensors": save(weights, metadata={"format": "pt"}),
+        "model.safetensors": save(tensors, metadata={"format": "pt"}),
         "tokenizer.json": tokenizer_json,
         **tokenizer_files,
         "special_tokens_map.json": _json(special),
-        "modules.json": _json(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-                {
-                    "idx": 2,
-                    "name": "2",
-                    "path": "2_Normalize",
-                    "type": "sentence_transformers.models.Normalize",
-                },
-            ]
-        ),
+        **st_modules(spec, weights_of_dense(weights)),
         "sentence_bert_config.json": _json(
             {"max_seq_length": max_seq_length, "do_lower_case": False}
         ),
         "config_sentence_transformers.json": _json(
             {
                 "__version__": {},
-                "prompts": {},
+                "prompts": dict(spec.prompts or {}),
                 "default_prompt_name": None,
                 "similarity_fn_name": "cosine",
             }
         ),
-        "1_Pooling/config.json": _json(
-            {
-                "word_embedding_dimension": spec.encoder.hidden_size,
-                "pooling_mode_cls_token": spec.pooling_mode == "cls",
-                "pooling_mode_mean_tokens": spec.pooling_mode == "mean",
-                "pooling_mode_max_tokens": spec.pooling_mode == "max",
-                "pooling_mode_mean_sqrt_len_tokens": False,
-            }
-        ),
-        # Object stores have no empty directories; Normalize has no parameters.
-        "2_Normalize/config.json": _json({}),
     }
 
 
@@ -243,7 +264,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
             "version": cfg.version,
             "version_url": version.url,
             "max_seq_length": max_seq_length,
-            "hidden": spec.encoder.hidden_size,
+            "hidden": spec.embedding_dim,
             "run_id": cfg.run_id,
         },
     )

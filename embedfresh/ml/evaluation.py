@@ -183,12 +183,12 @@ class EvalSet:
             definition = {"size": recall_pool, "seed": POOL_SEED}
         return cls(
             examples,
-            tokenizer(examples.queries),
-            tokenizer(examples.products),
+            tokenizer.query(examples.queries),
+            tokenizer.document(examples.products),
             query_ids,
-            tokenizer(query_texts),
+            tokenizer.query(query_texts),
             product_ids,
-            tokenizer(product_texts),
+            tokenizer.document(product_texts),
             relevant,
             pools,
             definition,
@@ -253,7 +253,7 @@ def evaluate_version(cfg: EvaluateConfig) -> tuple[dict[str, Any], str]:
     backend = get_backend(cfg.backend)
     version = versions.load(store, cfg.model, cfg.target_version)
     model = versions.instantiate(version).to(backend.device)
-    tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length)
+    tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length, version.spec.prompts)
     data = EvalSet.load(store, cfg.dataset, tokenizer, cfg.recall_pool)
     metrics, tables = evaluate_model(model, backend, data, cfg.batch_size)
     outcomes = write_outcomes(store, cfg.model, cfg.run_id, cfg.report_name, tables)

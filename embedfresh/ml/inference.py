@@ -90,5 +90,5 @@ def _embed(
             vectors = model.embed(batch["ids"], batch["mask"])
         backend.mark_step()
         out.append(vectors.float().to("cpu").numpy()[:real])
-    hidden = model.spec.encoder.hidden_size
+    hidden = model.spec.embedding_dim
     return np.concatenate(out) if out else np.zeros((0, hidden), dtype=np.float32)

@@ -28,7 +28,8 @@ class EncodeStats:
 
 def uses_packed(model: nn.Module, backend: Backend, packed: bool = True) -> bool:
     """Whether :func:`embed_plan` runs the packed forward: asked for, on an eager CPU/CUDA
-    device, and a mean-pooled BERT encoder of ours (any other runs padded)."""
+    device, and a mean-pooled BERT encoder of ours without Dense modules (any other runs
+    padded)."""
     from embedfresh.ml.model.encoder import BertEncoder
 
     return (
@@ -36,6 +37,7 @@ def uses_packed(model: nn.Module, backend: Backend, packed: bool = True) -> bool
         and backend.device.type in ("cpu", "cuda")
         and isinstance(getattr(model, "encoder", None), BertEncoder)
         and model.encoder.pooling == "mean"
+        and model.encoder.dense is None
     )
 
 

@@ -95,7 +95,7 @@ def parity_gate(
     pools = None
     if pool is not None and pool < len(product_texts):
         pools = recall_pools(query_ids, relevant, len(product_texts), pool)
-    hidden = fp32.spec.encoder.hidden_size
+    hidden = fp32.spec.embedding_dim
     recalls = {}
     for name, model in (("fp32", fp32), ("int8", int8)):
         q = embed_texts(model, backend, tokenizer, query_texts, lengths, token_budget, hidden)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedfresh.ml.model.presets import EncoderConfig
+from embedfresh.ml.model.presets import DenseLayer, EncoderConfig
 
 
 class BertEmbeddings(nn.Module):
@@ -148,17 +148,60 @@ def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean")
     return (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
+ACTIVATIONS = {
+    "identity": nn.Identity,
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "sigmoid": nn.Sigmoid,
+}
+
+
+class DenseModule(nn.Module):
+    """sentence-transformers' Dense: ``activation(linear(x))``, weights named ``linear.*``."""
+
+    def __init__(self, layer: DenseLayer) -> None:
+        super().__init__()
+        self.linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+        self.activation = ACTIVATIONS[layer.activation]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
+
+
+def dense_stack(layers: list[DenseLayer] | None) -> nn.Sequential | None:
+    """The Dense modules after pooling, None when the model has none."""
+    return nn.Sequential(*(DenseModule(layer) for layer in layers)) if layers else None
+
+
+def embed_tokens(
+    states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pooling: str,
+    dense: nn.Module | None,
+) -> torch.Tensor:
+    """Token states -> the unit-length sentence embedding: pool, Dense modules, L2 norm."""
+    x = pool(states, attention_mask, pooling)
+    if dense is not None:
+        x = dense(x)
+    return F.normalize(x, p=2, dim=1)
+
+
 class BertEncoder(nn.Module):
     """Token ids and attention mask in, L2-normalised pooled embedding out (mean pooling
     unless the model's own Pooling config says ``cls`` or ``max``)."""
 
-    def __init__(self, cfg: EncoderConfig, pooling: str = "mean") -> None:
+    def __init__(
+        self, cfg: EncoderConfig, pooling: str = "mean", dense: list[DenseLayer] | None = None
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.pooling = pooling
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertLayers(cfg)
         self.apply(_init_weights)
+        # After the init: nn.Linear's own init, as sentence-transformers' Dense has.
+        self.dense = dense_stack(dense)
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # Additive mask (0 keep, large negative drop) shaped to broadcast over heads.
@@ -169,7 +212,7 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.token_states(input_ids, attention_mask)
-        return F.normalize(pool(states, attention_mask, self.pooling), p=2, dim=1)
+        return embed_tokens(states, attention_mask, self.pooling, self.dense)
 
     # Keys in HF checkpoints that this encoder does not use (the pooler is for NSP).
     IGNORED_KEYS = ("pooler.", "embeddings.position_ids")

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from embedfresh.ml.model.encoder import pool
+from embedfresh.ml.model.encoder import dense_stack, embed_tokens
+from embedfresh.ml.model.presets import DenseLayer
 
 
 def hf_config(architecture: dict[str, Any]) -> Any:
@@ -30,7 +30,12 @@ def hf_config(architecture: dict[str, Any]) -> Any:
 class HFEncoder(nn.Module):
     """Token ids and attention mask in, L2-normalised pooled embedding out."""
 
-    def __init__(self, architecture: dict[str, Any], pooling: str = "mean") -> None:
+    def __init__(
+        self,
+        architecture: dict[str, Any],
+        pooling: str = "mean",
+        dense: list[DenseLayer] | None = None,
+    ) -> None:
         super().__init__()
         from transformers import AutoModel
 
@@ -40,6 +45,7 @@ class HFEncoder(nn.Module):
         #: position ids from it, and a batch is padded with zeros.
         self.pad_token_id = int(getattr(config, "pad_token_id", None) or 0)
         self.hf = AutoModel.from_config(config, attn_implementation="sdpa")
+        self.dense = dense_stack(dense)
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         ids = torch.where(attention_mask.bool(), input_ids, self.pad_token_id)
@@ -47,4 +53,4 @@ class HFEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.token_states(input_ids, attention_mask)
-        return F.normalize(pool(states, attention_mask, self.pooling), p=2, dim=1)
+        return embed_tokens(states, attention_mask, self.pooling, self.dense)

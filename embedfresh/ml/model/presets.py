@@ -31,6 +31,17 @@ class EncoderConfig(BaseModel):
     dropout: float = Field(default=0.1, ge=0, lt=1)
 
 
+class DenseLayer(BaseModel):
+    """One sentence-transformers Dense module after pooling: ``activation(W x + b)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    in_features: int = Field(ge=1)
+    out_features: int = Field(ge=1)
+    bias: bool = True
+    activation: Literal["identity", "tanh", "relu", "gelu", "sigmoid"] = "identity"
+
+
 class ModelSpec(BaseModel):
     """Everything that fixes the model's architecture and its input shapes."""
 
@@ -57,6 +68,12 @@ class ModelSpec(BaseModel):
     pooling: Literal["cls", "max"] | None = None
     """How token states become one vector when not the mean (None): a model whose
     sentence-transformers Pooling config says ``cls`` or ``max``."""
+    dense: list[DenseLayer] | None = None
+    """Dense modules between pooling and normalisation (sentence-transformers' ``2_Dense``):
+    the embedding then has the last one's ``out_features``."""
+    prompts: dict[str, str] | None = None
+    """The model's own prompts (``config_sentence_transformers.json``): ``query`` is put
+    before queries, ``document`` before the texts of products and corpora."""
     architecture: dict[str, Any] | None = None
     """A team's own non-BERT encoder: its transformers ``config.json``, run through
     ``AutoModel`` (the generic path; :mod:`embedfresh.ml.model.hf_encoder`). None: the BERT
@@ -91,6 +108,15 @@ class ModelSpec(BaseModel):
     @property
     def pooling_mode(self) -> str:
         return self.pooling or "mean"
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the embedding: the last Dense module's output, else the encoder's."""
+        return self.dense[-1].out_features if self.dense else self.encoder.hidden_size
+
+    def prompt(self, kind: Literal["query", "document"]) -> str:
+        """The text put before a query or a document ("" when the model has none)."""
+        return (self.prompts or {}).get(kind, "")
 
     @property
     def position_limit(self) -> int:

@@ -13,10 +13,10 @@ from embedfresh.ml.model.presets import ModelSpec
 def make_encoder(spec: ModelSpec) -> nn.Module:
     """The BERT encoder (fast path), or any other architecture through transformers."""
     if spec.architecture is None:
-        return BertEncoder(spec.encoder, spec.pooling_mode)
+        return BertEncoder(spec.encoder, spec.pooling_mode, spec.dense)
     from embedfresh.ml.model.hf_encoder import HFEncoder
 
-    return HFEncoder(spec.architecture, spec.pooling_mode)
+    return HFEncoder(spec.architecture, spec.pooling_mode, spec.dense)
 
 
 class RelevanceModel(nn.Module):
@@ -25,7 +25,7 @@ class RelevanceModel(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        hidden = spec.encoder.hidden_size
+        hidden = spec.embedding_dim
         # [q, p, q*p, |q-p|, cos(q, p), features]: the interactions a dot product alone
         # cannot express, normalised first because unit vectors have tiny components.
         width = 4 * hidden + 1 + spec.num_features

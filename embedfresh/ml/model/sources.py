@@ -15,8 +15,10 @@ the same way is refused with the reason instead of giving other vectors:
   or ``tokenizer_config.json``'s ``model_max_length`` (6.x), else the position limit;
 - BERT encoders with absolute positions run on the fast path here, any other encoder
   transformers' ``AutoModel`` builds (RoBERTa/XLM-R, MPNet, DistilBERT, ...) on the
-  generic path, pooled by mean, CLS token or max as their Pooling config says;
-  decoders, other pooling modes, Dense layers and prompts are refused by name.
+  generic path, pooled by mean, CLS token or max as their Pooling config says, then
+  their Dense modules; their ``query`` and ``document`` prompts go before queries and
+  documents as ``encode_query``/``encode_document`` put them; decoders, other pooling
+  modes or modules and a ``default_prompt_name`` are refused by name.
 """
 
 from __future__ import annotations
@@ -33,7 +35,18 @@ from embedfresh.core.storage import ArtifactStore
 # ``sentence_transformers.models.Pooling``, 6.x ``sentence_transformers.<...>.pooling.Pooling``.
 TRANSFORMER = "Transformer"
 POOLING = "Pooling"
+DENSE = "Dense"
 NORMALIZE = "Normalize"
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
+"""sentence-transformers' Dense ``activation_function`` names -> ours."""
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")
+"""Prompt names sentence-transformers' ``encode_document`` looks for, in its order."""
 FAST_PATH_MODEL_TYPES = ("bert",)
 """``model_type`` values whose weights load into :class:`~embedfresh.ml.model.encoder.BertEncoder`
 (with absolute positions and exact gelu): the fast path. Any other encoder that
@@ -63,6 +76,11 @@ class SourceModel:
     pooling: str
     normalize: bool
     kind: str
+    dense: tuple[tuple[dict[str, Any], bytes], ...] = ()
+    """Each Dense module: ``{in_features, out_features, bias, activation}`` and its
+    ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
+    prompts: dict[str, str] | None = None
+    """``query`` and ``document`` prompts, where the model defines them."""
     """``sentence-transformers`` or ``transformers``."""
 
 
@@ -91,11 +109,11 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
         raise BadInputError(
             f"{store.url('modules.json')}: the first module must be {TRANSFORMER}, got {types[:1]}"
         )
-    unsupported = [t for t in types[1:] if t not in (POOLING, NORMALIZE)]
-    if unsupported:
+    order = [t for t in types[1:] if t in (POOLING, DENSE, NORMALIZE)]
+    if order != types[1:] or order[:1] != [POOLING] or NORMALIZE in order[:-1]:
         raise BadInputError(
-            f"{store.url('modules.json')}: modules {unsupported} are not supported (only "
-            "Transformer -> Pooling -> Normalize); a Dense layer would change the vectors"
+            f"{store.url('modules.json')}: modules {types} are not supported (only "
+            "Transformer -> Pooling -> Dense... -> Normalize): others would change the vectors"
         )
     pooling_modules = [m for m, t in zip(modules, types, strict=True) if t == POOLING]
     if len(pooling_modules) != 1:
@@ -121,6 +139,57 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
             f"{store.url(rel)}: pooling {modes} is not supported (one of mean, cls or max)"
         )
     return supported[modes[0]], NORMALIZE in types
+
+
+def _dense(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple:
+    """Each Dense module's config (ours) and safetensors weights, in order."""
+    out = []
+    for module in modules:
+        if str(module.get("type", "")).rsplit(".", 1)[-1] != DENSE:
+            continue
+        path = module.get("path") or ""
+        config = _json(store, f"{path}/config.json")
+        if not isinstance(config, dict):
+            raise BadInputError(f"{store.url(path)} has no config.json for its Dense module")
+        activation = ACTIVATIONS.get(str(config.get("activation_function")))
+        if activation is None:
+            raise BadInputError(
+                f"{store.url(path)}/config.json: activation {config.get('activation_function')!r}"
+                f" is not supported ({', '.join(ACTIVATIONS)})"
+            )
+        if not store.exists(f"{path}/model.safetensors"):
+            raise BadInputError(
+                f"{store.url(path)} has no model.safetensors (pickle weights are never "
+                "unpickled here): re-save the model with a current sentence-transformers "
+                "(SentenceTransformer(path).save(path, safe_serialization=True))"
+            )
+        layer = {
+            "in_features": config.get("in_features"),
+            "out_features": config.get("out_features"),
+            "bias": bool(config.get("bias", True)),
+            "activation": activation,
+        }
+        out.append((layer, store.read_bytes(f"{path}/model.safetensors")))
+    return tuple(out)
+
+
+def _prompts(store: ArtifactStore) -> dict[str, str] | None:
+    """The query and document prompts, as ``encode_query``/``encode_document`` use them.
+
+    :raises BadInputError: a default prompt, which ``encode`` would put before every text
+        whatever its role: ask which role it plays instead of guessing.
+    """
+    config = _json(store, "config_sentence_transformers.json") or {}
+    prompts = {k: v for k, v in (config.get("prompts") or {}).items() if v}
+    if config.get("default_prompt_name"):
+        raise BadInputError(
+            f"{store.url('config_sentence_transformers.json')}: default_prompt_name "
+            f"{config['default_prompt_name']!r} is not supported (name the prompts query and "
+            "document instead)"
+        )
+    document = next((prompts[k] for k in DOCUMENT_PROMPTS if k in prompts), "")
+    found = {k: v for k, v in (("query", prompts.get("query", "")), ("document", document)) if v}
+    return found or None
 
 
 def fast_path(config: dict[str, Any]) -> bool:
@@ -197,18 +266,15 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
     if modules is None:
         kind, pooling, normalize = "transformers", "mean", False
         st_config: dict[str, Any] = {}
+        dense, prompts = (), None
     else:
         if not isinstance(modules, list):
             raise BadInputError(f"{root}/modules.json must be a list of modules")
         kind = "sentence-transformers"
         pooling, normalize = _pooling(store, modules)
         st_config = _json(store, "sentence_bert_config.json") or {}
-        prompts = (_json(store, "config_sentence_transformers.json") or {}).get("prompts") or {}
-        if any(prompts.values()):
-            raise BadInputError(
-                f"{root}/config_sentence_transformers.json defines prompts {sorted(prompts)}: "
-                "prompts are not supported yet (the vectors would differ from encode(prompt_name=...))"
-            )
+        dense = _dense(store, modules)
+        prompts = _prompts(store)
     positions = int(config.get("max_position_embeddings", 512))
     max_seq_length = st_config.get("max_seq_length")
     if max_seq_length is None:
@@ -231,4 +297,6 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
         pooling=pooling,
         normalize=normalize,
         kind=kind,
+        dense=dense,
+        prompts=prompts,
     )

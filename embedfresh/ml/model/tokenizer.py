@@ -22,14 +22,31 @@ class Tokenized:
 class TextTokenizer:
     """Pads and truncates every text to exactly ``max_length`` tokens (static shapes)."""
 
-    def __init__(self, tokenizer_json: bytes | str | Path, max_length: int) -> None:
+    def __init__(
+        self,
+        tokenizer_json: bytes | str | Path,
+        max_length: int,
+        prompts: dict[str, str] | None = None,
+    ) -> None:
         if isinstance(tokenizer_json, bytes):
             self._tok = Tokenizer.from_str(tokenizer_json.decode())
         else:
             self._tok = Tokenizer.from_file(str(tokenizer_json))
         self.max_length = max_length
+        #: The model's own prompts (``query``, ``document``): :meth:`query` and
+        #: :meth:`document` put them before the texts, as sentence-transformers'
+        #: ``encode_query``/``encode_document`` do.
+        self.prompts = dict(prompts or {})
         self._tok.enable_truncation(max_length=max_length)
         self._tok.enable_padding(length=max_length, pad_id=0, pad_token="[PAD]")
+
+    def query(self, texts: Sequence[str]) -> Tokenized:
+        """Queries, after the model's query prompt (if it has one)."""
+        return self(_prompted(self.prompts.get("query", ""), texts))
+
+    def document(self, texts: Sequence[str]) -> Tokenized:
+        """Documents (products, corpus texts), after the model's document prompt."""
+        return self(_prompted(self.prompts.get("document", ""), texts))
 
     def __call__(self, texts: Sequence[str]) -> Tokenized:
         if not texts:
@@ -43,3 +60,7 @@ class TextTokenizer:
         mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int64)
         truncated = sum(1 for e in encodings if e.overflowing)
         return Tokenized(ids, mask, truncated)
+
+
+def _prompted(prompt: str, texts: Sequence[str]) -> Sequence[str]:
+    return [prompt + t for t in texts] if prompt else texts

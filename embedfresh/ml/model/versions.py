@@ -24,6 +24,7 @@ from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes, weights
 from embedfresh.ml.model.encoder import BertEncoder
 from embedfresh.ml.model.presets import (
     PRESET_NAMES,
+    DenseLayer,
     EncoderConfig,
     ModelSpec,
     get_spec,
@@ -196,6 +197,8 @@ def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSp
             num_features=len(FEATURE_NAMES),
             architecture=None if fast else source.config,
             pooling=None if source.pooling == "mean" else source.pooling,
+            dense=[DenseLayer(**layer) for layer, _ in source.dense] or None,
+            prompts=source.prompts,
             **training,
         )
     except (AttributeError, KeyError, ValueError) as e:
@@ -230,13 +233,23 @@ def source_weights(source: SourceModel, spec: ModelSpec, seed: int) -> dict[str,
     state = {k: v for k, v in hf.items() if not k.startswith(ignored)}
     missing, unexpected = target.load_state_dict(state, strict=False)
     # Position-id buffers and a pooler the checkpoint leaves out are not weights pooling reads.
-    missing = [k for k in missing if not k.startswith(ignored) and not k.endswith("_ids")]
+    # (Dense modules load from their own files, below.)
+    missing = [
+        k for k in missing if not k.startswith((*ignored, "dense.")) and not k.endswith("_ids")
+    ]
     unexpected = [k for k in unexpected if not k.endswith("_ids")]
     if missing or unexpected:
         raise BadInputError(
             f"{source.url}/model.safetensors does not match its config.json's encoder: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
+    for i, (_, data) in enumerate(source.dense):
+        try:
+            net.encoder.dense[i].load_state_dict(load_safetensors(data), strict=True)
+        except RuntimeError as e:
+            raise BadInputError(
+                f"{source.url}: Dense module {i} does not match its config: {e}"
+            ) from e
     return cpu_state_dict(net)
 
 

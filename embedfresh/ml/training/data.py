@@ -31,7 +31,7 @@ class TrainingSet:
 
     @classmethod
     def build(cls, examples: Examples, tokenizer: TextTokenizer) -> TrainingSet:
-        q, p = tokenizer(examples.queries), tokenizer(examples.products)
+        q, p = tokenizer.query(examples.queries), tokenizer.document(examples.products)
         return cls(
             torch.from_numpy(q.input_ids),
             torch.from_numpy(q.attention_mask),

@@ -175,7 +175,7 @@ class TrainingRun:
         (weights, optimizer, schedule, RNG: bit-exact) or from ``cfg.init``'s weights,
         and train it to the end of the plan, checkpointing as the manager decides."""
         cfg, backend, plan = self.cfg, self.backend, self.plan
-        tokenizer = TextTokenizer(self.tokenizer_json, self.spec.max_length)
+        tokenizer = TextTokenizer(self.tokenizer_json, self.spec.max_length, self.spec.prompts)
         data = TrainingSet.build(self.examples, tokenizer)
         model = versions.build_model(self.spec, cfg.seed)
         checkpoints = CheckpointManager(
