@@ -329,3 +329,26 @@ def test_an_unknown_model_names_the_command_that_publishes_it(root: str) -> None
     assert "python -m embedfresh.jobs.publish_model" in done.stderr and "model=acme" in done.stderr
     preset = run_job("publish_model", f"artifact_root={root}", "model=tiny", f"source={root}")
     assert preset.returncode == 2 and "built-in preset" in preset.stderr
+
+
+def test_own_model_from_s3_into_an_s3_store(own_bert: Path, s3_root: str) -> None:
+    """The model directory and the store both on S3 (moto's server): published from
+    ``s3://``, embedded (reuse keyed by the corpus shards' ETags), a re-run reuses all."""
+    import boto3
+
+    bucket = s3_root.removeprefix("s3://").split("/")[0]
+    s3 = boto3.client("s3")
+    for path in own_bert.rglob("*"):
+        if path.is_file():
+            key = f"incoming/acme-st/{path.relative_to(own_bert)}"
+            s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+    common = [f"artifact_root={s3_root}", "model=acme"]
+    source = f"s3://{bucket}/incoming/acme-st"
+    published = _last_json(run_job("publish_model", *common, f"source={source}"))
+    assert published["production"] == "base" and published["max_seq_length"] == MAX_SEQ_LENGTH
+    sets = [*common, "version=base", "corpus=products"]
+    first = _last_json(run_job("embed", *sets))
+    assert first["shards_skipped"] == [] and first["rows"] > 0
+    _last_json(run_job("embed_verify", *sets))
+    again = _last_json(run_job("embed", *sets))
+    assert again["shards_done"] == [] and again["shards_skipped"] == first["shards_done"]
