@@ -31,8 +31,9 @@ def build_own_model(
 ) -> Path:
     """Write the model to ``directory`` (sentence-transformers layout); returns it.
 
-    ``model_type``: ``bert`` (the fast path) or ``distilbert`` (another architecture,
-    with its own config names: the generic path); ``pooling``: ``mean``, ``cls``, ``max``;
+    ``model_type``: ``bert`` (the fast path), ``distilbert`` (another architecture, with
+    its own config names: the generic path) or ``mpnet`` (generic, positions offset by
+    the pad id, no sdpa attention in transformers); ``pooling``: ``mean``, ``cls``, ``max``;
     ``dense``: a Dense module (tanh) to this many features after pooling; ``prompts``:
     the model's query/document prompts."""
     import torch
@@ -52,6 +53,8 @@ def build_own_model(
         BertTokenizerFast,
         DistilBertConfig,
         DistilBertModel,
+        MPNetConfig,
+        MPNetModel,
     )
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -91,6 +94,17 @@ def build_own_model(
             pad_token_id=0,
         )
         BertModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    elif model_type == "mpnet":  # positions start after the pad id, as RoBERTa's do
+        config = MPNetConfig(
+            vocab_size=tok.get_vocab_size(),
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=514,
+            pad_token_id=0,
+        )
+        MPNetModel(config).save_pretrained(hf_dir, safe_serialization=True)
     else:
         config = DistilBertConfig(
             vocab_size=tok.get_vocab_size(),

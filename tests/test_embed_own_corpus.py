@@ -188,6 +188,13 @@ def test_defaults_give_sentence_transformers_vectors_and_reuse_only_what_is_curr
     texts[12 + 3] = changed[3]
     cos64 = _cosines(_matrix(_vectors(store, "minilm", "v1", "world", 3)), st.encode(texts))
     assert (cos64 < 0.999).sum() >= 12, np.sort(cos64)[:5]
+    assert run_job("embed_verify", *sets).returncode == 0
+
+    # 5. One shard redone at another length: the verifier refuses a manifest over mixed
+    #    settings (vectors cut at 64 and at 128 tokens do not compare).
+    assert run_job("embed", *sets, "max_length=128", "shards=[1]").returncode == 0
+    mixed = run_job("embed_verify", *sets)
+    assert mixed.returncode == 2 and "embedded with different settings" in mixed.stderr
 
 
 def test_integer_and_string_ids_keep_their_type_and_mixed_ids_are_refused(root: str) -> None:

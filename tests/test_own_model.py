@@ -110,8 +110,15 @@ def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     assert registry["history"][0]["verdict"] == "BASE"
     # A re-run finds it published; another source under the same name is refused.
     assert _last_json(run_job("publish_model", *common, f"source={own_model}"))["version"] == "base"
-    other = tmp_path / "other"
-    shutil.copytree(own_model, other)
+    # The same model at another path is the same model; another one is refused.
+    same = tmp_path / "same"
+    shutil.copytree(own_model, same)
+    assert _last_json(run_job("publish_model", *common, f"source={same}"))["version"] == "base"
+    other = _variant(
+        own_model,
+        tmp_path / "other",
+        lambda d: _edit_json(d / "tokenizer_config.json", model_max_length=256),
+    )
     again = run_job("publish_model", *common, f"source={other}")
     assert again.returncode == 2 and "already exists from another source" in again.stderr
 
@@ -190,11 +197,20 @@ def test_own_model_through_the_refresh_dag(
     assert _cosines(ours, theirs).min() >= MIN_COSINE
 
 
-@pytest.mark.parametrize(("model", "forward"), [("own_bert", "packed"), ("own_bert_cls", "padded")])
+@pytest.fixture(scope="module")
+def own_mpnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_own_model(tmp_path_factory.mktemp("own-mpnet") / "mpnet-st", "mpnet")
+
+
+@pytest.mark.parametrize(
+    ("model", "forward"),
+    [("own_bert", "packed"), ("own_bert_cls", "padded"), ("own_mpnet", "padded")],
+)
 def test_own_bert_model_with_its_own_tokenizer_and_pooling(
     model: str, forward: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Mean pooling on the packed fast path; CLS pooling (BGE's) on the padded one."""
+    """Mean pooling on the packed fast path; CLS pooling (BGE's) and MPNet (positions
+    after the pad id, no sdpa in transformers) on the padded one."""
     from sentence_transformers import SentenceTransformer
 
     from embedfresh.jobs.export_st import local_copy
@@ -218,7 +234,8 @@ def test_own_bert_model_with_its_own_tokenizer_and_pooling(
     _last_json(run_job("export_st", *common, "version=v0"))
     copy = local_copy(store, "acme-bert", "v0", tmp_path / "v0-st")
     tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
-    assert tok_cfg["do_lower_case"] is False  # cased, as the model's own tokenizer
+    if model != "own_mpnet":  # BERT's tokenizer config: cased, as the model's own tokenizer
+        assert tok_cfg["do_lower_case"] is False
     exported = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
     assert _cosines(ours, exported).min() >= MIN_COSINE
 
@@ -352,3 +369,76 @@ def test_own_model_from_s3_into_an_s3_store(own_bert: Path, s3_root: str) -> Non
     _last_json(run_job("embed_verify", *sets))
     again = _last_json(run_job("embed", *sets))
     assert again["shards_done"] == [] and again["shards_skipped"] == first["shards_done"]
+
+
+def test_generic_encoder_is_float32_whatever_its_config_was_saved_in() -> None:
+    import torch
+
+    from embedfresh.ml.model.hf_encoder import HFEncoder
+
+    config = {
+        "model_type": "distilbert",
+        "vocab_size": 50,
+        "dim": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "hidden_dim": 32,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+    }
+    encoder = HFEncoder(config)
+    assert {p.dtype for p in encoder.parameters()} == {torch.float32}
+    ids = torch.tensor([[2, 5, 7, 3, 0]])
+    out = encoder(ids, (ids != 0).long())
+    assert out.dtype == torch.float32 and torch.allclose(out.norm(dim=1), torch.ones(1))
+
+
+def test_export_names_the_special_tokens_of_a_unigram_tokenizer() -> None:
+    """XLM-R-like: a Unigram vocabulary (a list of [piece, score]) with <s>, <pad> (id 1),
+    </s>, <unk>, <mask>: the export must name those, not BERT's [PAD]/[UNK]."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import Unigram
+    from tokenizers.trainers import UnigramTrainer
+
+    from embedfresh.jobs.export_st import tokenizer_settings
+    from embedfresh.ml.model.presets import EncoderConfig, ModelSpec
+
+    tok = Tokenizer(Unigram())
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok.train_from_iterator(
+        CORPUS * 10, UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token="<unk>")
+    )
+    assert tok.token_to_id("<pad>") == 1
+    spec = ModelSpec(
+        name="xlmr",
+        encoder=EncoderConfig(
+            vocab_size=200,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=514,
+        ),
+        base_weights="published",
+        max_length=32,
+        head_hidden=8,
+        num_features=3,
+        default_batch_size=4,
+        encoder_learning_rate=1e-4,
+        head_learning_rate=1e-3,
+        architecture={
+            "model_type": "xlm-roberta",
+            "pad_token_id": 1,
+            "max_position_embeddings": 514,
+        },
+    )
+    assert spec.position_limit == 512  # positions start after the pad id
+    special, lowercase = tokenizer_settings(tok.to_str().encode(), spec)
+    assert special == {
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "cls_token": "<s>",
+        "sep_token": "</s>",
+        "mask_token": "<mask>",
+    }
+    assert lowercase is False

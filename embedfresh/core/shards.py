@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.parquet import read_parquet
-from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.storage import ArtifactStore, sha256_bytes
 
 PART = re.compile(r"^part-(\d{5})\.parquet$")
 MANIFEST = "_MANIFEST.json"
@@ -60,20 +61,24 @@ def reuse_key(
     """Everything an embedding shard's vectors depend on, as recorded in its marker.
 
     A committed shard is reused only when its recorded key equals this one: the model
-    version's weights and tokenizer (their sha256 from the version's ``COMMIT``), the
-    corpus shard's content (its ETag on S3, its sha256 on disk, and its size), every
-    setting that changes the vectors (``settings``: truncation length, pooling,
-    quantisation, backend numerics) and :data:`OUTPUT_FORMAT`.
+    version (a hash of every file's sha256 in its ``COMMIT``: weights, spec, tokenizer),
+    the corpus shard's content (its ETag on S3, its sha256 on disk, and its size), every
+    setting that changes the vectors (``settings``: truncation length, pooling, Dense
+    modules, prompt, quantisation, backend numerics) and :data:`OUTPUT_FORMAT`.
     """
-    files = version_marker.get("files", {})
+    files = {name: entry.get("sha256") for name, entry in version_marker.get("files", {}).items()}
     return {
         "format": OUTPUT_FORMAT,
-        "weights_sha256": files.get("model.safetensors", {}).get("sha256"),
-        "tokenizer_sha256": files.get("tokenizer.json", {}).get("sha256"),
+        "version_sha256": sha256_bytes(json.dumps(files, sort_keys=True).encode()),
         "source_etag": store.etag(source_rel),
         "source_size": store.size(source_rel),
         **settings,
     }
+
+
+#: The keys of :func:`reuse_key` that say where a shard's vectors come from (the rest
+#: are settings): what the verifier checks against the store as it is now.
+SOURCE_KEYS = ("format", "version_sha256", "source_etag", "source_size")
 
 
 def stale_reason(marker: dict[str, Any] | None, key: dict[str, Any]) -> str | None:
@@ -89,8 +94,7 @@ def stale_reason(marker: dict[str, Any] | None, key: dict[str, Any]) -> str | No
     named = {
         "source_etag": "the corpus shard changed",
         "source_size": "the corpus shard changed",
-        "weights_sha256": "the version's weights changed",
-        "tokenizer_sha256": "the version's tokenizer changed",
+        "version_sha256": "the model version's files changed",
     }
     parts = []
     for k in changed:

@@ -13,6 +13,7 @@ size plus rows per part, model version, corpus and throughput. Anything off is a
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.parquet import read_parquet
 from embedfresh.core.shards import (
     MANIFEST,
+    SOURCE_KEYS,
     commit_name,
     corpus_shards,
     id_type,
@@ -110,6 +112,7 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
     files: dict[str, tuple[str, int]] = {}
     hidden_sizes = set()
     seen: dict[int, np.ndarray] = {}
+    settings_seen: dict[str, list[str]] = {}
     version_marker = markers.read_marker(store, layout.model_version(cfg.model, cfg.version))
     if version_marker is None:
         raise BadInputError(
@@ -129,20 +132,28 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
         if marker.get("version") != cfg.version or name not in marker["files"]:
             problems.append(f"{name}: its commit marker is for another version or file")
             continue
+        recorded = marker.get("reuse_key")
+        if not isinstance(recorded, dict):
+            problems.append(
+                f"{name}: embedded before reuse keys (older output format): re-run the embed "
+                "job, which recomputes it"
+            )
+            continue
         current = reuse_key(
             store=store,
             source_rel=f"{corpus_dir}/{corpus_name}",
             version_marker=version_marker,
             settings={},
         )
-        recorded = marker.get("reuse_key") or {}
-        stale = [k for k in current if recorded.get(k) != current[k]]
+        stale = [k for k in SOURCE_KEYS if recorded.get(k) != current.get(k)]
         if stale:
             problems.append(
                 f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
                 "the embed job, which recomputes it"
             )
             continue
+        shard_settings = {k: v for k, v in recorded.items() if k not in SOURCE_KEYS}
+        settings_seen.setdefault(json.dumps(shard_settings, sort_keys=True), []).append(name)
         corpus_ids, _ = read_corpus_shard(store, f"{corpus_dir}/{corpus_name}")
         seen[index] = corpus_ids
         part_problems, hidden = _check_part(store, f"{out_dir}/{name}", corpus_ids, cfg.version)
@@ -170,6 +181,14 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
             )
     if len(hidden_sizes) > 1:
         problems.append(f"parts disagree on the vector width: {sorted(hidden_sizes)}")
+    if len(settings_seen) > 1:
+        # One manifest, one way of embedding: mixed truncation, quantisation or backends
+        # would publish vectors that do not compare.
+        groups = "; ".join(f"{', '.join(n[:3])}: {k}" for k, n in settings_seen.items())
+        problems.append(
+            f"parts were embedded with different settings ({groups}): re-run the embed job "
+            "with one setting for every shard"
+        )
     if problems:
         shown = "; ".join(problems[:20])
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
@@ -188,6 +207,8 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
         "corpus": cfg.corpus,
         "corpus_url": store.url(corpus_dir),
         "hidden": hidden_sizes.pop(),
+        # How every part was embedded (truncation length, pooling, prompt, quantisation, ...).
+        "settings": json.loads(next(iter(settings_seen))) if settings_seen else {},
         "rows": rows,
         "parts": parts,
         "throughput": {

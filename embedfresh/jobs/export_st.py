@@ -79,28 +79,35 @@ def tokenizer_settings(
 ) -> tuple[dict[str, str], bool]:
     """The special tokens and lower-casing the model's own ``tokenizer.json`` uses: the
     export's ``tokenizer_config.json`` must say the same, or transformers' BERT tokenizer
-    rewrites the normaliser to match it and the exported model cuts other tokens."""
+    rewrites the normaliser to match it, or adds tokens the vocabulary does not have.
+
+    Tokens are looked up by id in the vocabulary (a dict for WordPiece/BPE, a list of
+    ``[piece, score]`` for Unigram: XLM-R, DeBERTa-v3) and the added special tokens."""
     tok = json.loads(tokenizer_json)
     normalizer = tok.get("normalizer") or {}
     lowercase = bool(normalizer.get("lowercase", False))
-    vocab = (tok.get("model") or {}).get("vocab") or {}
-    special = {
-        "unk_token": (tok.get("model") or {}).get("unk_token", "[UNK]"),
-        "pad_token": (tok.get("padding") or {}).get("pad_token", "[PAD]"),
-    }
+    model = tok.get("model") or {}
+    vocab = model.get("vocab") or {}
+    by_id: dict[int, str] = (
+        {i: t for t, i in vocab.items()}
+        if isinstance(vocab, dict)
+        else {i: entry[0] for i, entry in enumerate(vocab)}
+    )
+    for added in tok.get("added_tokens") or []:
+        by_id[int(added["id"])] = added["content"]
+    known = set(by_id.values())
+    unk = model.get("unk_token") or by_id.get(model.get("unk_id"))
+    # The pad token the model was trained with (RoBERTa-like models: "<pad>", id 1).
+    pad_id = ((spec.architecture or {}).get("pad_token_id") if spec else None) or 0
+    special = {"unk_token": unk, "pad_token": by_id.get(pad_id)}
     for key, names in (
         ("cls_token", ("[CLS]", "<s>")),
         ("sep_token", ("[SEP]", "</s>")),
         ("mask_token", ("[MASK]", "<mask>")),
     ):
-        found = [n for n in names if n in vocab]
+        found = [n for n in names if n in known]
         if found:
             special[key] = found[0]
-    # The pad token the model was trained with (RoBERTa-like models: "<pad>", id 1).
-    pad_id = ((spec.architecture or {}).get("pad_token_id") if spec else None) or 0
-    by_id = {i: t for t, i in vocab.items()} if isinstance(vocab, dict) else {}
-    if pad_id in by_id:
-        special["pad_token"] = by_id[pad_id]
     return {k: v for k, v in special.items() if v}, lowercase
 
 
@@ -249,7 +256,10 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
         if existing.get("max_seq_length") != max_seq_length:
             raise BadInputError(
                 f"{store.url(directory)} is already exported with max_seq_length "
-                f"{existing.get('max_seq_length')}, not {max_seq_length}; exports are immutable"
+                f"{existing.get('max_seq_length')}, not {max_seq_length} (exports made before "
+                "the model's own length became the default cut at the training length); "
+                "exports are immutable: ask for that length with --set max_seq_length="
+                f"{existing.get('max_seq_length')}, or export another version"
             )
         log.info("%s already exported and verified: left as it is", store.url(directory))
         return {"status": "ok", "output": store.url(directory), "skipped": True}

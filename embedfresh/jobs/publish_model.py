@@ -50,10 +50,12 @@ def publish_model(cfg: PublishModelConfig) -> dict[str, Any]:
         encoder_learning_rate=cfg.encoder_learning_rate,
         head_learning_rate=cfg.head_learning_rate,
     )
+    # What was published, not where from: the same model mounted elsewhere is the same.
     fingerprint = {
-        "source": source.url,
         "source_weights_sha256": hashlib.sha256(source.weights).hexdigest(),
         "spec": spec.model_dump(mode="json"),
+        "tokenizer_sha256": hashlib.sha256(source.tokenizer_json).hexdigest(),
+        "dense_sha256": [hashlib.sha256(data).hexdigest() for _, data in source.dense],
         "seed": cfg.seed,
     }
     published = versions.is_committed(store, cfg.model, cfg.version)

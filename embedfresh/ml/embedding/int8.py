@@ -96,6 +96,9 @@ def parity_gate(
     if pool is not None and pool < len(product_texts):
         pools = recall_pools(query_ids, relevant, len(product_texts), pool)
     hidden = fp32.spec.embedding_dim
+    # The model's own prompts, as the embed job and the evaluation put them.
+    query_texts = [fp32.spec.prompt("query") + t for t in query_texts]
+    product_texts = [fp32.spec.prompt("document") + t for t in product_texts]
     recalls = {}
     for name, model in (("fp32", fp32), ("int8", int8)):
         q = embed_texts(model, backend, tokenizer, query_texts, lengths, token_budget, hidden)

@@ -24,6 +24,10 @@ def hf_config(architecture: dict[str, Any]) -> Any:
 
     fields = dict(architecture)
     model_type = fields.pop("model_type")
+    # Trained and embedded in float32 like every other model here (the backend's autocast
+    # decides any lower precision): a config saved as bfloat16 must not build a bf16 model.
+    for key in ("torch_dtype", "dtype"):
+        fields.pop(key, None)
     return AutoConfig.for_model(model_type, **fields)
 
 
@@ -44,7 +48,9 @@ class HFEncoder(nn.Module):
         #: Padding positions get the model's own pad id: RoBERTa-like models derive
         #: position ids from it, and a batch is padded with zeros.
         self.pad_token_id = int(getattr(config, "pad_token_id", None) or 0)
-        self.hf = AutoModel.from_config(config, attn_implementation="sdpa")
+        # transformers' own attention choice: sdpa where the architecture has it (MPNet and
+        # DeBERTa do not, and asking for it by name fails there), eager otherwise.
+        self.hf = AutoModel.from_config(config, dtype=torch.float32)
         self.dense = dense_stack(dense)
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,30 @@ class EncoderConfig(BaseModel):
     dropout: float = Field(default=0.1, ge=0, lt=1)
 
 
+PADDING_OFFSET_MODEL_TYPES = (
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "mpnet",
+    "longformer",
+    "data2vec-text",
+    "roberta-prelayernorm",
+    "xmod",
+    "ibert",
+)
+"""Architectures whose position ids start after the pad id (``pad_token_id + 1``)."""
+
+
+def positions_usable(config: dict[str, Any]) -> int:
+    """The most tokens a model of this transformers ``config.json`` takes: its position
+    embeddings, less the offset of those whose positions start after the pad id."""
+    limit = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in PADDING_OFFSET_MODEL_TYPES:
+        limit -= int(config.get("pad_token_id") or 1) + 1
+    return limit
+
+
 class DenseLayer(BaseModel):
     """One sentence-transformers Dense module after pooling: ``activation(W x + b)``."""
 
@@ -93,11 +117,22 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _fits_positions(self) -> ModelSpec:
-        if self.max_seq_length is not None and self.max_seq_length > self.position_limit:
-            raise ValueError(
-                f"max_seq_length {self.max_seq_length} exceeds the {self.position_limit} "
-                "tokens the encoder's position embeddings take"
-            )
+        for name, length in (
+            ("max_seq_length", self.max_seq_length),
+            ("max_length", self.max_length),
+        ):
+            if length is not None and length > self.position_limit:
+                raise ValueError(
+                    f"{name} {length} exceeds the {self.position_limit} tokens the encoder's "
+                    "position embeddings take"
+                )
+        width = self.encoder.hidden_size
+        for i, layer in enumerate(self.dense or []):
+            if layer.in_features != width:
+                raise ValueError(
+                    f"Dense module {i} takes {layer.in_features} features, gets {width}"
+                )
+            width = layer.out_features
         return self
 
     @property
@@ -122,11 +157,9 @@ class ModelSpec(BaseModel):
     def position_limit(self) -> int:
         """The most tokens the encoder takes: its position embeddings, less the offset
         RoBERTa-like models start positions at (``pad_token_id + 1``)."""
-        limit = self.encoder.max_position_embeddings
-        arch = self.architecture or {}
-        if arch.get("model_type") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl"):
-            limit -= int(arch.get("pad_token_id") or 1) + 1
-        return limit
+        if self.architecture is None:
+            return self.encoder.max_position_embeddings
+        return positions_usable(self.architecture)
 
     def check_embedding_length(self, length: int) -> int:
         """``length`` if the encoder can take it.

@@ -30,6 +30,7 @@ from typing import Any
 
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.model.presets import positions_usable
 
 # Module types by class name: sentence-transformers < 6 writes
 # ``sentence_transformers.models.Pooling``, 6.x ``sentence_transformers.<...>.pooling.Pooling``.
@@ -76,12 +77,12 @@ class SourceModel:
     pooling: str
     normalize: bool
     kind: str
+    """``sentence-transformers`` or ``transformers``."""
     dense: tuple[tuple[dict[str, Any], bytes], ...] = ()
     """Each Dense module: ``{in_features, out_features, bias, activation}`` and its
     ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
     prompts: dict[str, str] | None = None
     """``query`` and ``document`` prompts, where the model defines them."""
-    """``sentence-transformers`` or ``transformers``."""
 
 
 def _root_url(source: str) -> str:
@@ -134,6 +135,11 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
         "pooling_mode_max_tokens": "max",
         "pooling_mode_max": "max",
     }
+    if config.get("include_prompt") is False:
+        raise BadInputError(
+            f"{store.url(rel)}: include_prompt false (prompt tokens left out of pooling) is "
+            "not supported"
+        )
     if len(modes) != 1 or modes[0] not in supported:
         raise BadInputError(
             f"{store.url(rel)}: pooling {modes} is not supported (one of mean, cls or max)"
@@ -273,9 +279,15 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
         kind = "sentence-transformers"
         pooling, normalize = _pooling(store, modules)
         st_config = _json(store, "sentence_bert_config.json") or {}
+        if st_config.get("do_lower_case"):
+            raise BadInputError(
+                f"{root}/sentence_bert_config.json: do_lower_case is not supported (it "
+                "lower-cases texts before the tokenizer); give the tokenizer a lowercasing "
+                "normalizer instead"
+            )
         dense = _dense(store, modules)
         prompts = _prompts(store)
-    positions = int(config.get("max_position_embeddings", 512))
+    positions = positions_usable(config)
     max_seq_length = st_config.get("max_seq_length")
     if max_seq_length is None:
         tok_cfg = _json(store, "tokenizer_config.json") or {}

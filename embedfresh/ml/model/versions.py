@@ -133,11 +133,7 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
     check = markers.verify(store, directory)
     if not check.ok:
         raise BadInputError(f"model version {url} is not usable: {check.reason}")
-    meta = json.loads(store.read_bytes(f"{directory}/{SPEC}"))
-    try:
-        spec = ModelSpec.model_validate(meta.pop("spec"))
-    except Exception as e:
-        raise BadInputError(f"model version {url} has an invalid model.json: {e}") from e
+    spec, meta = _read_spec(store, directory)
     return ModelVersion(
         model=model,
         version=version,
@@ -147,6 +143,17 @@ def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:
         meta=meta,
         url=url,
     )
+
+
+def _read_spec(store: ArtifactStore, directory: str) -> tuple[ModelSpec, dict[str, Any]]:
+    """A version's :class:`ModelSpec` and the rest of its ``model.json``."""
+    meta = json.loads(store.read_bytes(f"{directory}/{SPEC}"))
+    try:
+        return ModelSpec.model_validate(meta.pop("spec")), meta
+    except Exception as e:
+        raise BadInputError(
+            f"model version {store.url(directory)} has an invalid model.json: {e}"
+        ) from e
 
 
 def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
@@ -159,8 +166,10 @@ def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
         return get_spec(model), tokenizer_file().read_bytes()
     check_model(store, model)
     production = Registry(store, model).production_version()
-    version = load(store, model, production)
-    return version.spec, version.tokenizer_json
+    # Its spec and tokenizer only (a run loads and verifies the weights it starts from).
+    directory = layout.model_version(model, production)
+    spec, _ = _read_spec(store, directory)
+    return spec, store.read_bytes(f"{directory}/{TOKENIZER}")
 
 
 def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSpec:
