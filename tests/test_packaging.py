@@ -327,6 +327,10 @@ def test_a_dag_outside_the_repository_runs_on_the_installed_package(
     for i in range(3):
         table = pa.table({"id": pa.array([2 * i, 2 * i + 1], pa.int64()), "text": ["a", "b"]})
         pq.write_table(table, corpus / f"part-{i:05d}.parquet")
+    # The pinned version exists (its commit marker): resolve_version checks it at the door.
+    commit = store / "models" / "tiny" / "versions" / "v7" / "COMMIT"
+    commit.parent.mkdir(parents=True)
+    commit.write_text('{"files": {}}')
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "packaged.py").write_text(DAG_FILE.format(root=f"file://{store}"))
