@@ -442,3 +442,23 @@ def test_export_names_the_special_tokens_of_a_unigram_tokenizer() -> None:
         "mask_token": "<mask>",
     }
     assert lowercase is False
+
+
+def test_publish_killed_before_promotion_is_finished_by_a_plain_rerun(
+    own_bert: Path, tmp_path: Path
+) -> None:
+    """The state a kill between the version's COMMIT and the registry write leaves (a
+    committed version, no production) is what ``production=false`` leaves: a plain
+    re-run makes it production without writing the version again."""
+    root = f"file://{tmp_path / 'store'}"
+    store = ArtifactStore(root)
+    common = [f"artifact_root={root}", "model=acme", f"source={own_bert}"]
+    first = _last_json(run_job("publish_model", *common, "production=false"))
+    assert first["production"] is None and not store.exists(layout.registry("acme"))
+    commit = Path(store.path(f"{layout.model_version('acme', 'base')}/COMMIT"))
+    before = commit.stat().st_mtime_ns
+    rerun = _last_json(run_job("publish_model", *common))
+    assert rerun["production"] == "base"
+    assert commit.stat().st_mtime_ns == before  # the version was not written again
+    history = store.read_json(layout.registry("acme"))["history"]
+    assert [h["verdict"] for h in history] == ["BASE"]
