@@ -111,7 +111,7 @@ def run_job(
             )
             log.info("result record written: %s", url)
     except JobError as e:
-        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        print(f"{name}: error: {one_line(str(e))}", file=sys.stderr, flush=True)
         return int(e.exit_code)
     except Exception as e:
         if not is_transient(e):
@@ -125,6 +125,12 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+def one_line(message: str) -> str:
+    """``message`` with its line breaks (and the indentation after them) as one space: the
+    error contract is one line on stderr, whatever text a library's exception holds."""
+    return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
 FIELDS_HEADING = "config fields (--set KEY=VALUE or --config FILE):"

@@ -6,7 +6,9 @@ embeddings byte-identical (sha256 of every file of the store, before and after).
 Each case runs the real program (``python -m embedfresh.jobs.<name>``) against a private copy of
 a store that already has a production model (``prod``, promoted) and its published
 embeddings, with the broken part written through pyarrow. docs/RELIABILITY.md lists
-every case with the test that proves it.
+every case with the test that proves it. Two in-process tests widen a case the real
+program proves once: every float field of every job config must be finite, and which
+folder names under a data set's ``train/`` are partitions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,8 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
-from embedfresh.core.exit_codes import ExitCode
+from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
@@ -151,6 +155,14 @@ def _empty(root: str) -> None:
     pq.write_table(EXAMPLE_SCHEMA.empty_table(), _part(root))
 
 
+def _misnamed_partitions(root: str, *names: str) -> None:
+    """Folders holding a day's data under names no job reads (they used to be skipped)."""
+    for name in names:
+        folder = _part(root).parent.with_name(name)
+        folder.mkdir()
+        shutil.copy(_part(root), folder / "part-00000.parquet")
+
+
 CASES = {
     "missing-partition": (
         ["data_interval_start=2026-03-01"],
@@ -218,6 +230,26 @@ CASES = {
     ),
     "unknown-param": ([START, "epoch=3"], None, ["invalid TrainConfig", "epoch"]),
     "run-id-escapes": ([START, "run_id=../../etc"], None, ["invalid run id", "../../etc"]),
+    "malformed-partition-folders": (
+        [START],
+        lambda r: _misnamed_partitions(r, "dt=2026-1-3", "dt=yesterday"),
+        [
+            "malformed training partition folder",
+            "datasets/products/train/dt=2026-1-3",
+            "(and 1 more: dt=yesterday)",
+            "dt=YYYY-MM-DD",
+        ],
+    ),
+    "learning-rate-infinity": (
+        [START, "learning_rate=Infinity"],
+        None,
+        ["invalid TrainConfig", "learning_rate: Input should be a finite number"],
+    ),
+    "learning-rate-nan": (
+        [START, "learning_rate=NaN"],
+        None,
+        ["invalid TrainConfig", "learning_rate: Input should be a finite number"],
+    ),
 }
 
 
@@ -230,6 +262,175 @@ def test_train_bad_input(root, case):
     result = run_job("train", f"artifact_root={root}", f"run_id={RUN}", *sets)
     assert_one_line_error(result, "train", *words)
     assert_nothing_published(root, before)
+
+
+# -- duplicate rows: (query_id, product_id) identifies a row -------------------------------
+
+
+def _copy_row(target: Path, row: int, source: Path, source_row: int) -> tuple[int, int]:
+    """Overwrite row ``row`` of ``target`` with row ``source_row`` of ``source`` (a row
+    exported twice); returns the copied (query_id, product_id)."""
+    table, copied = pq.read_table(target), pq.read_table(source).slice(source_row, 1)
+    rows = table.to_pylist()
+    rows[row] = copied.to_pylist()[0]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), target)
+    return copied.column("query_id")[0].as_py(), copied.column("product_id")[0].as_py()
+
+
+def test_train_duplicate_row_across_two_days(root):
+    """Day 2 holds a row of day 1: the interval of both days is refused, naming the key,
+    the repeat (file, row) and the row it repeats."""
+    query_id, product_id = _copy_row(_part(root, "2026-01-02"), 7, _part(root), 3)
+    before = snapshot(_dir(root))
+    result = run_job(
+        "train", f"artifact_root={root}", f"run_id={RUN}", START, "data_interval_end=2026-01-03"
+    )
+    assert_one_line_error(
+        result,
+        "train",
+        "duplicate training row",
+        f"(query_id={query_id}, product_id={product_id})",
+        "at row 7 of file://",
+        "dt=2026-01-02/part-00000.parquet repeats row 3 of file://",
+        "dt=2026-01-01/part-00000.parquet",
+        "(1 duplicate rows in all)",
+        "identified by (query_id, product_id)",
+    )
+    assert_nothing_published(root, before)
+
+
+def test_evaluate_duplicate_eval_row(root):
+    """The eval split follows the same rule: a pair twice would be counted twice by the
+    metrics (and a ranking would list the product twice)."""
+    (part,) = (_dir(root) / "datasets/products/eval").rglob("*.parquet")
+    query_id, product_id = _copy_row(part, 20, part, 11)
+    before = snapshot(_dir(root))
+    result = run_job("evaluate", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}")
+    assert_one_line_error(
+        result,
+        "evaluate",
+        "duplicate eval row",
+        f"(query_id={query_id}, product_id={product_id})",
+        "at row 20 of file://",
+        "datasets/products/eval/part-00000.parquet repeats row 11 of",
+        "counted twice by the metrics",
+    )
+    assert not (_dir(root) / f"runs/tiny/{RUN}/reports/eval.json").exists()
+    assert snapshot(_dir(root)) == before
+
+
+# -- config files and config values -------------------------------------------------------
+
+CONFIG_FILES = {
+    "yaml-syntax": (
+        "data_interval_start: 2026-01-01\nepochs: 3\n  learning_rate: 0.001\n",
+        ["line 3, column 16: mapping values are not allowed here"],
+    ),
+    "duplicate-key": (
+        "data_interval_start: 2026-01-01\nepochs: 3\nepochs: 30\n",
+        ["line 3, column 1: key 'epochs' given a second time (first at line 2, column 1)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_FILES))
+def test_malformed_config_file(root, tmp_path, case):
+    """One line naming the file, the position (line, column from 1) and the problem,
+    not PyYAML's five lines quoting the document (or, for a key given twice, nothing:
+    the last one used to win)."""
+    text, words = CONFIG_FILES[case]
+    config = tmp_path / "train.yaml"
+    config.write_text(text)
+    before = snapshot(_dir(root))
+    cmd = [sys.executable, "-m", "embedfresh.jobs.train", "--config", str(config)]
+    cmd += ["--set", f"artifact_root={root}", "--set", f"run_id={RUN}"]
+    result = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True)
+    assert_one_line_error(result, "train", f"config {config} is not valid JSON/YAML", *words)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert snapshot(_dir(root)) == before
+
+
+def _job_configs() -> list[type]:
+    import embedfresh.core.config  # noqa: F401 - defines every job's config
+    from embedfresh.core.config import JobConfig
+
+    found, todo = [], [JobConfig]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.append(sub)
+            todo.append(sub)
+    return found
+
+
+def _non_finite_input(annotation: object, value: float) -> object | None:
+    """``value`` shaped as a field of type ``annotation`` takes it: bare, as a dict value
+    or a list item; None when the type holds no float."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is float:
+        return value
+    if origin is dict:
+        keys = typing.get_args(args[0]) if typing.get_origin(args[0]) is typing.Literal else ()
+        inner = _non_finite_input(args[1], value)
+        return None if inner is None else {keys[0] if keys else "x": inner}
+    if origin is list:
+        inner = _non_finite_input(args[0], value)
+        return None if inner is None else [inner]
+    for arg in args:  # float | None
+        inner = _non_finite_input(arg, value)
+        if inner is not None:
+            return inner
+    return None
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_every_float_of_every_job_config_must_be_finite(value):
+    """In-process, over every config class and float field (dict values included): what
+    ``--set learning_rate=Infinity`` and ``--set learning_rate=NaN`` prove end to end
+    above holds for every job. A bound like ``gt=0`` let inf through before."""
+    checked = []
+    for config in _job_configs():
+        for name, field in config.model_fields.items():
+            given = _non_finite_input(field.annotation, value)
+            if given is None:
+                continue
+            with pytest.raises(ValidationError) as info:
+                config.model_validate({name: given})
+            kinds = {e["type"] for e in info.value.errors() if e["loc"][0] == name}
+            assert kinds == {"finite_number"}, (config.__name__, name, info.value.errors())
+            checked.append(f"{config.__name__}.{name}")
+    assert {"TrainConfig.learning_rate", "TrainConfig.instance_prices"} <= set(checked)
+    assert "HealthConfig.min_busbw_gbps" in checked and "GateConfig.tolerance" in checked
+
+
+# -- training partition folders, in-process: which names are partitions ------------------
+
+
+@pytest.mark.parametrize(
+    "name, refused",
+    [
+        ("dt=2026-01-03", False),
+        ("_SUCCESS", False),
+        (".DS_Store", False),
+        ("dt=2026-1-3", True),
+        ("dt=yesterday", True),
+        ("dt=20260103", True),  # date.fromisoformat takes it; the layout never writes it
+        ("dt=2026-02-30", True),
+        ("2026-01-03", True),
+    ],
+)
+def test_partition_folder_names(data_template, tmp_path, name, refused):
+    from embedfresh.ml.data.reader import partition_days
+
+    dest = tmp_path / "artifacts"
+    shutil.copytree(data_template / "datasets", dest / "datasets")
+    (dest / "datasets/products/train" / name).mkdir()
+    store = ArtifactStore(f"file://{dest}")
+    if refused:
+        with pytest.raises(BadInputError, match=f"malformed training partition folder .*/{name}"):
+            partition_days(store, "products")
+    else:
+        days = [d.isoformat() for d in partition_days(store, "products")]
+        assert days == sorted({"2026-01-01", "2026-01-02", *([name[3:]] if "=" in name else [])})
 
 
 # -- an artifact root that cannot be written -------------------------------------------------
@@ -375,6 +576,9 @@ def _corrupt_registry(root: str) -> None:
     ],
 )
 def test_corrupted_registry_is_refused_never_reset(root, job, sets):
+    if job == "gate":  # the gate reads the candidate's eval report before the registry
+        evaluated = run_job("evaluate", f"artifact_root={root}", *sets, f"version={PROD}")
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     _corrupt_registry(root)
     before = snapshot(_dir(root))
     result = run_job(job, f"artifact_root={root}", *sets)

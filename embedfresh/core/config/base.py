@@ -23,8 +23,15 @@ class JobConfig(BaseModel):
     """What every job shares: where artifacts live, which model, which run."""
 
     # The string literal under a field is its description (``--help`` lists them).
+    # No field of any job takes NaN or +-inf (``--set learning_rate=Infinity`` is JSON
+    # for inf, YAML has ``.inf`` and ``.nan``; a bound like ``gt=0`` lets inf through):
+    # every float, in dicts and lists too, must be a finite number.
     model_config = ConfigDict(
-        extra="forbid", protected_namespaces=(), frozen=True, use_attribute_docstrings=True
+        extra="forbid",
+        protected_namespaces=(),
+        frozen=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
     artifact_root: str = Field(default_factory=default_artifact_root)
@@ -52,6 +59,53 @@ class JobConfig(BaseModel):
 C = TypeVar("C", bound=BaseModel)
 
 
+def _position(mark: yaml.Mark | None) -> str:
+    """``line L, column C`` of a YAML mark, both counted from 1 as editors do."""
+    return "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line: where, what, and what the parser was in the middle of
+    (``line 3, column 1: expected ',' or ']', but got '<stream end>' (while parsing a
+    flow sequence started at line 2, column 6)``). PyYAML's own text spans five lines
+    and quotes the document."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    where = _position(error.problem_mark or error.context_mark)
+    problem = " ".join(str(error.problem or error.context or "syntax error").split())
+    text = f"{where}: {problem}" if where else problem
+    if error.context and error.problem:
+        started = _position(error.context_mark)
+        if error.context_mark is not None and started != where:
+            text += f" ({error.context} started at {started})"
+        else:
+            text += f" ({error.context})"
+    return text
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a key given twice is an error, not "the last one wins"."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base`` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                break
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} given a second time (first at {_position(first.start_mark)})",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
@@ -71,13 +125,19 @@ def load_config(cls: type[C], path: str | None = None, overrides: list[str] = ()
     data: dict[str, Any] = {}
     if path:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise BadInputError(f"cannot read config {path}: {e}") from e
+        except UnicodeDecodeError as e:
+            raise BadInputError(
+                f"config {path} is not UTF-8 text (byte {e.start}: {e.reason})"
+            ) from None
         try:
-            loaded = yaml.safe_load(text) if text.strip() else {}
+            loaded = yaml.load(text, _ConfigLoader) if text.strip() else {}  # a SafeLoader
         except yaml.YAMLError as e:
-            raise BadInputError(f"config {path} is not valid JSON/YAML: {e}") from e
+            raise BadInputError(
+                f"config {path} is not valid JSON/YAML: {yaml_problem(e)}"
+            ) from None
         if not isinstance(loaded, dict):
             raise BadInputError(f"config {path} must be a mapping, got {type(loaded).__name__}")
         data.update(loaded)
