@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -349,3 +355,79 @@ def test_a_url_under_the_root_is_a_path_and_any_other_url_is_refused(store):
         store.read_bytes(elsewhere)
     with pytest.raises(BadInputError, match="URL outside the artifact root"):
         store.exists(f"{store.root}-copy/reports/eval.parquet")
+
+
+# -- local disk: file:// with a host, the umask, staged writes, fault points ----------
+
+
+@pytest.mark.parametrize("root", ["file://artifacts/demo", "file://otherhost/data"])
+def test_a_file_url_with_a_host_is_refused_not_dropped(root):
+    with pytest.raises(BadInputError, match="names the host .*file:///absolute/path"):
+        ArtifactStore(root)
+
+
+def test_file_localhost_is_this_machine(tmp_path):
+    assert ArtifactStore(f"file://localhost{tmp_path}").root == f"file://{tmp_path}"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_objects_follow_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        store = ArtifactStore(f"file://{tmp_path}")
+        store.write_bytes("a/b.bin", b"x")
+        local = tmp_path / "src.bin"
+        local.write_bytes(b"y" * 3_000_000)
+        store.put_file(str(local), "a/c.bin")
+        store.write_if_match("a/d.json", b"{}", None)
+    finally:
+        os.umask(old)
+    for name in ("b.bin", "c.bin", "d.json"):
+        assert stat.S_IMODE((tmp_path / "a" / name).stat().st_mode) == 0o666 & ~umask, name
+    assert (tmp_path / "a/c.bin").read_bytes() == b"y" * 3_000_000
+
+
+def test_writes_stage_outside_the_objects_folder_and_dead_writers_are_swept(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}")
+    store.write_bytes("models/m/versions/v/w.bin", b"w")
+    assert sorted(p.name for p in (tmp_path / "models/m/versions/v").iterdir()) == ["w.bin"]
+    staging = tmp_path / ".staging"
+    assert staging.is_dir() and not list(staging.iterdir())
+    # What a writer killed mid-write leaves: one file of a dead pid, one of a live one.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname().replace(".", "_")
+    gone = staging / f"w.bin.{host}.{dead.pid}.abc123.tmp"
+    live = staging / f"w.bin.{host}.{os.getpid()}.def456.tmp"
+    other_host = staging / f"w.bin.elsewhere.{dead.pid}.ghi789.tmp"
+    for p in (gone, live, other_host):
+        p.write_bytes(b"partial")
+    ArtifactStore(f"file://{tmp_path}").write_bytes("x", b"x")  # the next run's store
+    assert sorted(p.name for p in staging.iterdir()) == sorted([live.name, other_host.name])
+
+
+def test_fault_point_kills_right_after_the_named_write_and_a_drifted_one_raises(tmp_path):
+    root = tmp_path / "root"
+    code = (
+        "from embedfresh.core.storage import ArtifactStore\n"
+        f"s = ArtifactStore('file://{root}')\n"
+        "s.write_bytes('a', b'1'); s.write_if_match('b', b'2', None); s.remove('a')\n"
+        "print('survived')\n"
+    )
+    log = tmp_path / "writes.log"
+
+    def run(point):
+        shutil.rmtree(root, ignore_errors=True)
+        env = {**os.environ, "EMBEDFRESH_WRITES_LOG": str(log), "EMBEDFRESH_FAULT_POINT": point}
+        log.unlink(missing_ok=True)
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+    killed = run("2 cas b")
+    assert killed.returncode == -9 and "survived" not in killed.stdout
+    assert log.read_text().splitlines() == ["1 write a", "2 cas b"]
+    assert (root / "b").read_bytes() == b"2" and (root / "a").exists()
+    drifted = run("2 write b")
+    assert drifted.returncode == 1 and "fault point '2 write b' drifted" in drifted.stderr
+    clean = run("9 write nowhere")  # a point past the last write: the run completes
+    assert clean.returncode == 0, clean.stderr
+    assert log.read_text().splitlines() == ["1 write a", "2 cas b", "3 remove a"]

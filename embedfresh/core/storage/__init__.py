@@ -5,6 +5,8 @@
 - :mod:`~embedfresh.core.storage.schemes`: the registry, URL scheme -> Scheme.
 - :mod:`~embedfresh.core.storage.local` (``file://``), :mod:`~embedfresh.core.storage.s3`
   (``s3://``): the built-in schemes.
+- :mod:`~embedfresh.core.storage.faults`: the reliability suite's fault points (test-only
+  environment variables; off otherwise).
 """
 
 from embedfresh.core.storage.base import Scheme, sha256_bytes

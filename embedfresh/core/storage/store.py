@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 import fsspec
 
 from embedfresh.core.exit_codes import BadInputError, ConflictError, TransientError
+from embedfresh.core.storage import faults
 from embedfresh.core.storage.schemes import scheme_class
 
 log = logging.getLogger(__name__)
@@ -181,14 +182,15 @@ class ArtifactStore:
 
     @_translate_errors
     def listdir(self, rel: str) -> list[str]:
-        """Names (not paths) directly under ``rel``; empty when it does not exist."""
+        """Names (not paths) directly under ``rel``; empty when it does not exist.
+        Hidden names (``.staging``, lock files, Spark's ``.crc`` files) are left out."""
         path = self.path(rel)
         try:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
         names = sorted({posixpath.basename(e.rstrip("/")) for e in entries})
-        return [n for n in names if n and n != posixpath.basename(path)]
+        return [n for n in names if n and not n.startswith(".") and n != posixpath.basename(path)]
 
     @_translate_errors
     def size(self, rel: str) -> int:
@@ -210,6 +212,7 @@ class ArtifactStore:
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write one object whole: readers see the old object or the new, never a part."""
         self._scheme.write(self.fs, self.path(rel), data)
+        self._wrote("write", rel)
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write_bytes(rel, json_bytes(obj))
@@ -217,12 +220,14 @@ class ArtifactStore:
     @_translate_errors
     def put_file(self, local_path: str, rel: str) -> None:
         self._scheme.put_file(self.fs, local_path, self.path(rel))
+        self._wrote("put", rel)
 
     @_translate_errors
     def remove(self, rel: str, recursive: bool = False) -> None:
         path = self.path(rel)
         if self.fs.exists(path):
             self.fs.rm(path, recursive=recursive)
+            self._wrote("remove", rel)
 
     # -- compare-and-swap ----------------------------------------------------------
 
@@ -242,6 +247,12 @@ class ArtifactStore:
         :raises ConflictError: another writer changed the object first.
         """
         self._scheme.write_if_match(self.fs, self.path(rel), data, expected_etag, self.url(rel))
+        self._wrote("cas", rel)
+
+    def _wrote(self, op: str, rel: str) -> None:
+        """A fault point of the reliability suite (:mod:`~embedfresh.core.storage.faults`):
+        a no-op unless its test-only environment variables are set."""
+        faults.after_write(op, self.path(rel)[len(self._base) :])
 
 
 def json_bytes(obj: Any) -> bytes:

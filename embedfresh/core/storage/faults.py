@@ -1,0 +1,58 @@
+"""Fault points: every write the artifact store makes, numbered and named, so the
+reliability suite can kill a job right after any one of them.
+
+Off unless one of two environment variables is set (the suite sets them on the job
+processes it starts; nothing in the product does):
+
+``EMBEDFRESH_WRITES_LOG=/path/file``
+    Append one line per write of this process: ``<n> <op> <path>``, where ``n`` counts
+    the process's writes from 1, ``op`` is ``write`` (an object written whole), ``put``
+    (a local file uploaded), ``cas`` (a compare-and-swap) or ``remove``, and ``path`` is
+    relative to the store's root. A clean run's log is the list of the job's points: a
+    write added to a job joins the list by itself.
+``EMBEDFRESH_FAULT_POINT="<n> <op> <path>"``
+    SIGKILL this process right after its ``n``-th write, which must be the write named
+    (a point that drifted, because the job's writes changed, raises instead of killing
+    somewhere else).
+
+A point is logged before the kill, so the killed run's log ends with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+WRITES_LOG = "EMBEDFRESH_WRITES_LOG"
+FAULT_POINT = "EMBEDFRESH_FAULT_POINT"
+
+_count = 0
+_pid = 0
+
+
+def point_name(n: int, op: str, rel: str) -> str:
+    """The point's name: what the log records and :data:`FAULT_POINT` takes."""
+    return f"{n} {op} {rel.strip('/')}"
+
+
+def after_write(op: str, rel: str) -> None:
+    """Called by the store right after each write it made."""
+    log_path, target = os.environ.get(WRITES_LOG), os.environ.get(FAULT_POINT)
+    if not log_path and not target:
+        return
+    global _count, _pid
+    if _pid != os.getpid():  # a forked child counts its own writes
+        _count, _pid = 0, os.getpid()
+    _count += 1
+    name = point_name(_count, op, rel)
+    if log_path:
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(name + "\n")
+    if not target:
+        return
+    n, _, _ = target.partition(" ")
+    if int(n) != _count:
+        return
+    if target != name:
+        raise RuntimeError(f"fault point {target!r} drifted: write {_count} is {name!r}")
+    os.kill(os.getpid(), signal.SIGKILL)
