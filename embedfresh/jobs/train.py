@@ -2,8 +2,9 @@
 
 Starts from the production model (or the config's base weights), trains on the data
 interval's partitions, checkpoints every N steps and resumes bit-exactly from the
-newest committed checkpoint of its run id, then publishes a model version and
-``runs/{model}/{run_id}/reports/train.json``. The pieces live in
+newest committed checkpoint of its run id, then writes
+``runs/{model}/{run_id}/reports/train.json`` and publishes a model version (its COMMIT
+last: a version that exists always has its report). The pieces live in
 :mod:`embedfresh.ml.training`; this module tells the story.
 """
 
@@ -45,9 +46,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         fitted = run.fit()
         if not run.backend.is_main:  # rank 0 alone publishes the version and the report
             return {"status": "ok", "rank": run.backend.rank, "steps": run.plan.total}
-        version_url = run.publish(fitted)
-        report = run.report(fitted, version_url)
+        # The report goes first: the version's COMMIT is the run's last write, so a run
+        # killed between the two is finished by a plain re-run (it resumes and publishes).
+        report = run.report(fitted, run.version_url)
         run.store.write_json(run.report_rel, report)
+        run.publish(fitted)
         return summary(report, run.report_url)
 
 

@@ -84,6 +84,11 @@ def is_committed(store: ArtifactStore, model: str, version: str) -> dict[str, An
     return markers.read_marker(store, layout.model_version(model, version))
 
 
+def version_meta(store: ArtifactStore, model: str, version: str) -> dict[str, Any]:
+    """What a version's ``model.json`` records beside its spec (run id, init, steps)."""
+    return _read_spec(store, layout.model_version(model, version))[1]
+
+
 def publish(
     store: ArtifactStore,
     spec: ModelSpec,

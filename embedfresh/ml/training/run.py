@@ -18,11 +18,13 @@ the very same code:
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import torch
 
 from embedfresh.core import layout
@@ -152,6 +154,11 @@ class TrainingRun:
     def report_url(self) -> str:
         return self.store.url(self.report_rel)
 
+    @property
+    def version_url(self) -> str:
+        """Where this run's model version is published."""
+        return self.store.url(layout.model_version(self.cfg.model, self.cfg.output_version))
+
     def published_report(self) -> dict[str, Any] | None:
         """The stored train report when this run already published its version (a
         retry after success: nothing to train), else None.
@@ -168,6 +175,22 @@ class TrainingRun:
                 "another configuration; versions are immutable (set another version)"
             )
         log.info("version %s already published by this run: nothing to train", cfg.output_version)
+        if not self.store.exists(self.report_rel):
+            # Only a version published before the report was written first (an older
+            # embedfresh) lacks it: rebuild what the version itself records.
+            log.warning("%s is missing: rebuilt from the version's model.json", self.report_url)
+            meta = versions.version_meta(self.store, cfg.model, cfg.output_version)
+            report = {
+                "status": "ok",
+                "model": cfg.model,
+                "run_id": cfg.run_id,
+                "version": cfg.output_version,
+                "version_url": self.version_url,
+                "rebuilt_from_version": True,
+                **{k: meta.get(k) for k in ("init", "steps", "data_interval", "config_hash")},
+            }
+            self.store.write_json(self.report_rel, report)
+            return report
         return self.store.read_json(self.report_rel)
 
     def fit(self) -> Fitted:
@@ -198,8 +221,11 @@ class TrainingRun:
         if checkpoint is not None:
             restore_checkpoint_state(checkpoint, optimizer, schedule, backend, cfg.seed)
         else:
-            # dropout stream independent of how init was reached; one per rank
+            # dropout stream independent of how init was reached; one per rank. Python's
+            # and NumPy's too: checkpoints record them, so equal runs write equal bytes.
             torch.manual_seed(cfg.seed + backend.rank)
+            random.seed(cfg.seed + backend.rank)
+            np.random.seed((cfg.seed + backend.rank) % 2**32)
             backend.seed(cfg.seed)
         evaluator = None
         if cfg.eval_every is not None and backend.is_main:
@@ -236,8 +262,8 @@ class TrainingRun:
         return forward
 
     def publish(self, fitted: Fitted) -> str:
-        """Publish the trained weights as model version ``cfg.output_version`` (rank 0);
-        returns its URL."""
+        """Publish the trained weights as model version ``cfg.output_version`` (rank 0),
+        its COMMIT written last; returns its URL."""
         cfg = self.cfg
         return versions.publish(
             self.store,
