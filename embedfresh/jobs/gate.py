@@ -19,10 +19,11 @@ from embedfresh.core import layout
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EvaluateConfig, GateConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.inputs import check_version
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.evaluation import evaluate_version
-from embedfresh.ml.gate.decision import GateResult, gate
+from embedfresh.ml.gate.decision import GateResult, check_candidate, check_parameters, gate
 from embedfresh.ml.gate.outcomes import load_outcomes, pool_definition
 from embedfresh.ml.gate.plot import intervals_svg
 from embedfresh.ml.gate.publish import publish_decision
@@ -43,17 +44,9 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     """Gate the run's candidate against its reference; exit 3 unless PASS."""
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
-    registry = Registry(store, cfg.model)
-    production = registry.production_version()
-    if cfg.reference == "production":
-        if production is not None:
-            ref_version, source = production, "production"
-        else:
-            ref_version = versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
-            source = "baseline"
-    else:
-        ref_version, source = cfg.reference, "pinned"
-
+    # Every check the gate can make on its own goes before its first write (a baseline
+    # published, the reference's evaluation written under the run's reports).
+    check_parameters(cfg.metrics, cfg.mode, cfg.tolerance)
     candidate = _eval_report(store, cfg, CANDIDATE_REPORT)
     if candidate is None or candidate.get("version") != cfg.candidate_version:
         raise BadInputError(
@@ -65,6 +58,21 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
             f"the eval report of run {cfg.run_id} is on data set {candidate.get('dataset')!r}, "
             f"the gate asks for {cfg.dataset!r}: evaluate the candidate on {cfg.dataset!r} first"
         )
+    cand_outcomes = load_outcomes(store, candidate)
+    check_candidate(cand_outcomes, cfg.metrics)
+
+    registry = Registry(store, cfg.model)
+    production = registry.production_version()
+    if cfg.reference == "production":
+        if production is not None:
+            ref_version, source = production, "production"
+        else:
+            ref_version = versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
+            source = "baseline"
+    else:
+        ref_version, source = cfg.reference, "pinned"
+        check_version(store, cfg.model, ref_version)
+
     reference = _eval_report(store, cfg, REFERENCE_REPORT)
     if (
         reference is None
@@ -97,7 +105,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         )
 
     result: GateResult = gate(
-        load_outcomes(store, candidate),
+        cand_outcomes,
         load_outcomes(store, reference),
         cfg.metrics,
         cfg.mode,

@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.ml.gate.stats import BootstrapResult, Outcomes, paired_bootstrap, required_keys
+from embedfresh.ml.gate.stats import (
+    BootstrapResult,
+    Outcomes,
+    check_side,
+    paired_bootstrap,
+    required_keys,
+)
 
 DEFAULT_TOLERANCE = 0.001
 HIGHER_IS_BETTER: dict[str, bool] = {
@@ -191,10 +197,7 @@ def gate(
     :param higher_is_better: overrides of :data:`HIGHER_IS_BETTER` per metric.
     :raises BadInputError: bad parameters, or outcomes that are malformed or misaligned.
     """
-    mode = _mode(mode)
-    names = _metric_names(metrics)
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise BadInputError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    mode, names = check_parameters(metrics, mode, tolerance)
     directions = {**HIGHER_IS_BETTER, **(higher_is_better or {})}
     cand, ref = _flatten(cand, "candidate"), _flatten(ref, "reference")
 
@@ -225,6 +228,33 @@ def gate(
         n_needed=n_needed,
         n_needed_capped=capped,
     )
+
+
+def check_parameters(
+    metrics: Sequence[str], mode: Mode | str, tolerance: float
+) -> tuple[Mode, list[str]]:
+    """The mode and metric names of a gate, checked (before anything is evaluated).
+
+    :raises BadInputError: an unknown mode or metric, no metric, a repeated one, or a
+        tolerance that is not a finite number >= 0.
+    """
+    mode = _mode(mode)
+    names = _metric_names(metrics)
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    return mode, names
+
+
+def check_candidate(cand: Outcomes, metrics: Sequence[str]) -> None:
+    """Check the candidate's own outcome arrays for every metric it has, so a bad
+    candidate is refused before the reference is evaluated (and its report written).
+
+    :raises BadInputError: malformed arrays or no rows.
+    """
+    flat = _flatten(cand, "candidate")
+    for name in _metric_names(metrics):
+        if not _lacks(name, flat):  # a missing metric is a FAIL of the gate, not an error
+            check_side(name, flat, "candidate")
 
 
 def gate_curve(

@@ -103,6 +103,14 @@ def required_keys(name: str) -> tuple[str, ...]:
     return _spec(name).keys
 
 
+def check_side(name: str, outcomes: Outcomes, side: str) -> None:
+    """Check one side's arrays for metric ``name`` as :func:`paired_bootstrap` will.
+
+    :raises BadInputError: unknown metric, missing or malformed arrays, or no rows.
+    """
+    _validate_side(name, _spec(name), outcomes, side)
+
+
 def metric_value(name: str, outcomes: Outcomes) -> float:
     """Metric ``name`` on all rows of ``outcomes``."""
     spec = _spec(name)
