@@ -262,7 +262,12 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
                 f"{existing.get('max_seq_length')}, or export another version"
             )
         log.info("%s already exported and verified: left as it is", store.url(directory))
-        return {"status": "ok", "output": store.url(directory), "skipped": True}
+        return {
+            "status": "ok",
+            "output": store.url(directory),
+            "max_seq_length": max_seq_length,
+            "skipped": True,
+        }
     files = st_files(spec, version.weights, version.tokenizer_json, max_seq_length)
     markers.publish(
         store,

@@ -10,7 +10,7 @@ import os
 import statistics
 from typing import Any
 
-ROWS: dict[str, list[dict[str, Any]]] = {"kills": [], "faults": []}
+ROWS: dict[str, list[dict[str, Any]]] = {"kills": [], "faults": [], "fault_points": []}
 
 
 def record(kind: str, **row: Any) -> None:
@@ -40,6 +40,11 @@ def summary_lines() -> list[str]:
         )
         for f in faults:
             lines.append(f"  {json.dumps(f, sort_keys=True)}")
+    for row in ROWS["fault_points"]:
+        lines.append(
+            f"fault points of {row['job']}: {row['points']}, {row['points'] - row['failed']} "
+            f"recovered by a plain re-run ({row['seconds']} s)"
+        )
     return lines
 
 

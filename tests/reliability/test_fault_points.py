@@ -1,0 +1,258 @@
+"""The fault-point matrix: every write of every job, killed right after it, then re-run.
+
+A clean run of each job records the writes its store makes (``EMBEDFRESH_WRITES_LOG``,
+:mod:`embedfresh.core.storage.faults`): that list is the job's fault points, so a write
+added to a job joins the matrix by itself. For each point the job starts again from the
+state before it with ``EMBEDFRESH_FAULT_POINT`` naming the point and is SIGKILLed right
+after that write; then the same command runs again, plainly. It must finish with the
+clean run's exit code and leave the store exactly as the clean run did: the same files,
+byte-identical (JSON reports compared without their clocks), nothing staged left over.
+
+The jobs run in the order of a refresh, each on the state the previous one left, all in
+one store path (reports hold absolute URLs): train (from production, a checkpoint
+between two steps), evaluate, gate, promote, embed, verify, export and compile (eager).
+docs/RELIABILITY.md lists the points and the figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
+from tests.conftest import run_job
+from tests.reliability import figures
+from tests.reliability.forked import ForkServer
+
+#: The refresh, in order: (job, its --set values after artifact_root, its clean exit code).
+CHAIN = [
+    (
+        "train",
+        [
+            "run_id=r2",
+            "data_interval_start=2026-01-02",
+            "max_steps=6",
+            "checkpoint_every=4",
+            "keep_last=1",
+        ],
+        0,
+    ),
+    ("evaluate", ["run_id=r2"], 0),
+    # A wide tolerance makes the small eval set's verdict PASS, so promote has work to do.
+    ("gate", ["run_id=r2", "tolerance=0.5", "resamples=200"], 0),
+    ("promote", ["run_id=r2"], 0),
+    ("embed", ["run_id=r2", "version=r2"], 0),
+    ("embed_verify", ["run_id=r2", "version=r2"], 0),
+    ("export_st", ["run_id=r2", "version=r2"], 0),
+    ("compile", ["run_id=c1", "compile=off"], 0),
+]
+JOBS = [job for job, _, _ in CHAIN]
+
+#: JSON keys whose values are clocks or speeds: equal runs differ in them.
+CLOCKS = (
+    "seconds",
+    "_at",
+    "per_second",
+    "per_s",
+    "hours",
+    "cost_usd",
+    "started",
+    "finished",
+    "duration",
+    "rss",
+    "attempt_id",
+    "pid",
+    "host",
+)
+#: Keys that tell which attempt did the work: a resumed run rightly says it resumed.
+ATTEMPT = {
+    "resumed_from",
+    "steps_this_attempt",
+    "already",
+    "verified",
+    "skipped",
+    "batches",
+    "reused",
+    "shards_reused",
+    "shards_computed",
+}
+
+
+#: The embed job reports what *this attempt* embedded (a re-run embeds only the shards
+#: not yet committed): its counters differ by design; which shards are committed must not.
+EMBED_ATTEMPT = {
+    "rows",
+    "truncated",
+    "truncated_per_shard",
+    "real_tokens",
+    "padded_tokens",
+    "padding_efficiency",
+    "shapes",
+    "compiles",
+    "shards_recomputed",
+}
+
+
+def _embed_report(doc: dict) -> dict:
+    doc = {k: v for k, v in doc.items() if k not in EMBED_ATTEMPT}
+    doc["shards_committed"] = sorted(doc.pop("shards_done", []) + doc.pop("shards_skipped", []))
+    return doc
+
+
+def _volatile(key: str) -> bool:
+    return key in ATTEMPT or any(part in key for part in CLOCKS)
+
+
+def _stable(obj):
+    if isinstance(obj, dict):
+        return {k: _stable(v) for k, v in obj.items() if not _volatile(k)}
+    if isinstance(obj, list):
+        return [_stable(v) for v in obj]
+    return obj
+
+
+def state(root: Path) -> dict[str, str]:
+    """Every file of the store: its sha256, or for JSON its content without clocks."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_dir():
+            continue
+        rel = str(path.relative_to(root))
+        if path.suffix == ".json" or path.name.endswith("COMMIT"):
+            doc = json.loads(path.read_bytes())
+            if path.name == "embed.json" and "summary" in doc:  # the result record
+                doc["summary"] = _embed_report(doc["summary"])
+            elif path.name == "embed.json":
+                doc = _embed_report(doc)
+            out[rel] = json.dumps(_stable(doc), sort_keys=True)
+        else:
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _first_difference(got: str | None, expected: str | None) -> str:
+    """Where two :func:`state` values first differ: a JSON key path, or the values."""
+
+    def walk(a, b, path: str) -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                if (found := walk(a.get(k), b.get(k), f"{path}.{k}")) is not None:
+                    return found
+            return None
+        if a != b:
+            return f"{path}: {str(a)[:200]} != {str(b)[:200]}"
+        return None
+
+    try:
+        return walk(json.loads(got or "null"), json.loads(expected or "null"), "") or "?"
+    except json.JSONDecodeError:
+        return f"{got} != {expected}"
+
+
+def leftovers(root: Path) -> list[str]:
+    """Files no finished run should leave: staged writes, temporaries, probes."""
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.name.endswith(".tmp") or ".staging/" in f"{p.relative_to(root)}/"
+        if p.is_file()
+    ) + sorted(str(p.relative_to(root)) for p in root.rglob(".write-probe"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> ForkServer:
+    return ForkServer(tmp_path_factory.mktemp("fork-output"))
+
+
+@pytest.fixture(scope="module")
+def chain(
+    data_template: Path, tmp_path_factory: pytest.TempPathFactory, server: ForkServer
+) -> tuple[Path, dict[str, Path]]:
+    """The store path every run uses, and a snapshot of the store before each job.
+
+    Production is version ``r1`` (trained from the base weights, promoted); the chain
+    is the next day's refresh, ``r2``, run cleanly once."""
+    base = tmp_path_factory.mktemp("faults")
+    store = base / "store"
+    shutil.copytree(data_template, store)
+    root = f"file://{store}"
+    # A real interpreter for the first job: the forked runner must match it.
+    first = run_job(
+        "train", f"artifact_root={root}", "run_id=r1", "data_interval_start=2026-01-01",
+        "max_steps=2", "init=base",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    Registry(ArtifactStore(root), "tiny").promote("r1", None, {"decision": "PASS"})
+    before = {}
+    for job, sets, code in CHAIN:
+        before[job] = base / f"before-{job}"
+        shutil.copytree(store, before[job])
+        done = server.run(job, f"artifact_root={root}", *sets)
+        assert done.exitcode == code, f"{job}: {done.stderr[-3000:]}"
+    return store, before
+
+
+def _restore(store: Path, snapshot: Path) -> None:
+    shutil.rmtree(store)
+    shutil.copytree(snapshot, store)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", JOBS)
+def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
+    job: str, chain: tuple[Path, dict[str, Path]], server: ForkServer, tmp_path: Path
+) -> None:
+    store, before = chain
+    sets, code = next((s, c) for j, s, c in CHAIN if j == job)
+    args = (f"artifact_root=file://{store}", *sets)
+
+    # The clean run: its writes are the points, its store the state every point must reach.
+    _restore(store, before[job])
+    log = tmp_path / "clean.log"
+    clean = server.run(job, *args, env={WRITES_LOG: str(log)})
+    assert clean.exitcode == code, clean.stderr[-3000:]
+    points = log.read_text().splitlines()
+    assert points, f"{job} made no writes"
+    expected = state(store)
+    assert not leftovers(store), leftovers(store)
+
+    failures = []
+    started = time.perf_counter()
+    for point in points:
+        _restore(store, before[job])
+        killed_log = tmp_path / "killed.log"
+        killed_log.unlink(missing_ok=True)
+        killed = server.run(job, *args, env={FAULT_POINT: point, WRITES_LOG: str(killed_log)})
+        if killed.exitcode != -9 or killed_log.read_text().splitlines()[-1:] != [point]:
+            failures.append(f"{point}: not killed there (exit {killed.exitcode}) "
+                            f"{killed.stderr[-500:]}")  # fmt: skip
+            continue
+        again = server.run(job, *args)
+        if again.exitcode != code:
+            failures.append(f"{point}: re-run exit {again.exitcode}: {again.stderr[-800:]}")
+            continue
+        if left := leftovers(store):
+            failures.append(f"{point}: left {left}")
+        got = state(store)
+        if got != expected:
+            diff = sorted(
+                k for k in set(got) | set(expected) if got.get(k) != expected.get(k)
+            )  # fmt: skip
+            failures.append(
+                f"{point}: store differs from the clean run's in {diff[:6]}; "
+                f"{diff[0]}: {_first_difference(got.get(diff[0]), expected.get(diff[0]))}"
+            )
+    figures.record(
+        "fault_points",
+        job=job,
+        **{"points": len(points), "failed": len(failures),
+         "seconds": round(time.perf_counter() - started, 1), "names": points},
+    )  # fmt: skip
+    assert not failures, f"{len(failures)} of {len(points)} points:\n" + "\n".join(failures)
