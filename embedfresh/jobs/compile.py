@@ -43,6 +43,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.compile import modes, torch_cache
 from embedfresh.ml.compile.key import cache_key, key_parts
 from embedfresh.ml.compile.neuron import cache_root, neuron_env, parse_summary
+from embedfresh.ml.data.reader import partition_days
 
 log = logging.getLogger("embedfresh.jobs.compile")
 
@@ -147,20 +148,15 @@ def trial_config(
 
 
 def newest_partition(store: ArtifactStore, dataset: str) -> dt.date:
-    """The newest ``dt=`` training partition of ``dataset``."""
-    found = []
-    for name in store.listdir(layout.train_partitions(dataset)):
-        if name.startswith("dt="):
-            try:
-                found.append(dt.date.fromisoformat(name[3:]))
-            except ValueError:
-                continue
+    """The newest ``dt=`` training partition of ``dataset`` (a misnamed folder is refused
+    as train refuses it, :func:`~embedfresh.ml.data.reader.partition_days`)."""
+    found = partition_days(store, dataset)
     if not found:
         raise BadInputError(
             f"no training partition under {store.url(layout.train_partitions(dataset))}: "
             "the trial run needs one day of data (generate it or set data_interval_start)"
         )
-    return max(found)
+    return found[-1]
 
 
 def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt.date) -> None:
