@@ -2,12 +2,15 @@
 
 S3 has no rename, so a directory of objects (a checkpoint, a model version, embedding
 shards) is published by writing a small JSON marker last. The marker lists each
-object's sha256 and size; :func:`verify` re-reads them, which is how a truncated or
-corrupted checkpoint is told apart from a good one.
+object's sha256 and size; :func:`verify` re-reads them, streamed (:func:`check_object`:
+chunk by chunk through :meth:`ArtifactStore.open_read`, never a whole object in memory,
+the same on a local disk and on S3), which is how a truncated or corrupted checkpoint or
+model version is told apart from a good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +19,21 @@ from embedfresh.core.storage import ArtifactStore, sha256_bytes
 
 COMMIT = "COMMIT"
 
+# Bytes hashed per read when a listed object is verified: what verification holds in
+# memory, beside the filesystem's own read buffer (s3fs reads ahead one block).
+CHUNK_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class Verification:
     ok: bool
     reason: str = ""
+    file: str = ""
+    """The listed object that failed (its name in the marker), when one did."""
+    files: int = 0
+    """Objects checked and found intact."""
+    bytes: int = 0
+    """Bytes read and hashed."""
 
 
 def write_marker(
@@ -76,20 +89,74 @@ def read_marker(store: ArtifactStore, directory: str, name: str = COMMIT) -> dic
     return marker
 
 
-def verify(store: ArtifactStore, directory: str, name: str = COMMIT) -> Verification:
-    """Check that the marker exists and every object it lists has its size and sha256."""
+def check_object(
+    store: ArtifactStore,
+    directory: str,
+    name: str,
+    expected: Any,
+    marker_name: str = COMMIT,
+    chunk_bytes: int | None = None,
+) -> str | None:
+    """What is wrong with object ``directory/name`` against its marker entry
+    ``expected`` (``{"sha256": ..., "size": ...}``), or None when it matches.
+
+    Streamed: the size is compared first (no read at all for a truncated or grown
+    object), then the object is hashed ``chunk_bytes`` at a time through
+    :meth:`ArtifactStore.open_read`, so memory stays bounded whatever its size and the
+    same code reads a local file or an S3 object.
+    """
+    rel = f"{directory}/{name}"
+    if (
+        not isinstance(expected, dict)
+        or not isinstance(expected.get("sha256"), str)
+        or not isinstance(expected.get("size"), int)
+    ):
+        return f"{name}: its entry in the {marker_name} marker is malformed ({expected!r})"
+    size, sha256 = expected["size"], expected["sha256"]
+    try:
+        actual = store.size(rel)
+        if actual != size:
+            return _size_mismatch(name, actual, size, marker_name)
+        digest = hashlib.sha256()
+        read = 0
+        with store.open_read(rel) as f:
+            while chunk := f.read(chunk_bytes or CHUNK_BYTES):
+                digest.update(chunk)
+                read += len(chunk)
+    except FileNotFoundError:
+        return f"{name} is missing"
+    if read != size:  # replaced while it was read
+        return _size_mismatch(name, read, size, marker_name)
+    if digest.hexdigest() != sha256:
+        return (
+            f"{name} checksum does not match its {marker_name} marker: sha256 "
+            f"{digest.hexdigest()[:16]}..., marker says {sha256[:16]}... (same size, "
+            f"{size} bytes: the content changed)"
+        )
+    return None
+
+
+def _size_mismatch(name: str, actual: int, expected: int, marker_name: str) -> str:
+    what = "truncated" if actual < expected else "longer than listed"
+    return f"{name} has {actual} bytes, {marker_name} marker says {expected} ({what})"
+
+
+def verify(
+    store: ArtifactStore, directory: str, name: str = COMMIT, chunk_bytes: int | None = None
+) -> Verification:
+    """Check that the marker exists and every object it lists has its size and sha256.
+
+    Every object is streamed (:func:`check_object`); the first one that does not match
+    ends the check, named in :attr:`Verification.file` and :attr:`Verification.reason`.
+    """
     marker = read_marker(store, directory, name)
     if marker is None:
         return Verification(False, f"no valid {name} marker")
-    for fname, expected in marker["files"].items():
-        rel = f"{directory}/{fname}"
-        if not store.exists(rel):
-            return Verification(False, f"{fname} is missing")
-        data = store.read_bytes(rel)
-        if len(data) != expected.get("size"):
-            return Verification(
-                False, f"{fname} has {len(data)} bytes, marker says {expected.get('size')}"
-            )
-        if sha256_bytes(data) != expected.get("sha256"):
-            return Verification(False, f"{fname} checksum does not match its marker")
-    return Verification(True)
+    files = total = 0
+    for fname, expected in sorted(marker["files"].items()):
+        problem = check_object(store, directory, fname, expected, name, chunk_bytes)
+        if problem is not None:
+            return Verification(False, problem, file=fname, files=files, bytes=total)
+        files += 1
+        total += expected["size"]
+    return Verification(True, files=files, bytes=total)

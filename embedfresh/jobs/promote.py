@@ -3,11 +3,16 @@
 Moves the registry's production pointer to the run's candidate, only if the run's
 ``gate.json`` says PASS, by compare-and-swap on the production version the gate
 decided against. Two concurrent runs can never both win: the loser gets a conflict
-error (exit 2) and the registry keeps the winner.
+error (exit 2) and the registry keeps the winner. Before the pointer moves, every file
+of the candidate is verified, streamed, against its COMMIT marker: a damaged version is
+refused (exit 2) and production stays. Promoting again a version this run already
+promoted (a retry after a lost worker) writes nothing and exits 0 with ``"already":
+true``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from embedfresh.core import layout
@@ -16,6 +21,8 @@ from embedfresh.core.config import PromoteConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
+
+log = logging.getLogger(__name__)
 
 
 def promote(cfg: PromoteConfig) -> dict[str, Any]:
@@ -39,7 +46,7 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
     except (KeyError, TypeError, AttributeError) as e:
         raise BadInputError(f"gate report {store.url(rel)} is malformed ({e!r})") from e
     registry = Registry(store, cfg.model)
-    doc = registry.promote(
+    move = registry.promote(
         candidate,
         expected_previous=decision.get("production_at_decision"),
         decision={
@@ -51,7 +58,25 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
             "gate_report": store.url(rel),
         },
     )
-    return {"production": doc["production"]["version"], "registry": registry.url}
+    if move.already:
+        log.info(
+            "%s is already production of %s, promoted by this run (%s) at %s: nothing to do",
+            candidate,
+            cfg.model,
+            cfg.run_id,
+            move.doc["production"].get("promoted_at"),
+        )
+    else:
+        log.info("production of %s moved from %s to %s", cfg.model, move.previous, candidate)
+    return {
+        "production": move.version,
+        "previous": move.previous,
+        "already": move.already,
+        "registry": registry.url,
+        "verified": None
+        if move.verification is None
+        else {"files": move.verification.files, "bytes": move.verification.bytes},
+    }
 
 
 if __name__ == "__main__":

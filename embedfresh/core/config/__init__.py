@@ -12,6 +12,7 @@ from embedfresh.core.config.evaluation import (
     GateConfig,
     PromoteConfig,
     PublishModelConfig,
+    RollbackConfig,
 )
 from embedfresh.core.config.health import HealthConfig
 from embedfresh.core.config.training import (
@@ -33,6 +34,7 @@ __all__ = [
     "ParityConfig",
     "PromoteConfig",
     "PublishModelConfig",
+    "RollbackConfig",
     "TrainConfig",
     "load_config",
     "parse_override",

@@ -1,7 +1,10 @@
-"""Configs of the evaluation side: evaluate, the quality gate and promote."""
+"""Configs of the evaluation side: evaluate, the quality gate, promote and rollback."""
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -79,6 +82,40 @@ class GateConfig(JobConfig):
 
 class PromoteConfig(JobConfig):
     """Moves the production pointer to the run's candidate if its gate said PASS."""
+
+
+def current_operator() -> str:
+    """``user@host`` of this process: who a rollback is recorded as by default."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+class RollbackConfig(JobConfig):
+    """Moves the production pointer back to an earlier production version of ``model``."""
+
+    to_version: str
+    """The version to make production again: one that was production before (listed in
+    the registry's history)."""
+    reason: str = Field(min_length=1)
+    """Why production is rolled back; recorded in the registry's history."""
+    who: str = Field(default_factory=current_operator, min_length=1)
+    """Who rolls back, recorded in the registry's history; default: this process's
+    ``user@host``."""
+
+    @field_validator("to_version")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "to_version")
+
+    @field_validator("reason", "who")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v.strip()
 
 
 class PublishModelConfig(JobConfig):
