@@ -133,16 +133,21 @@ class CheckpointManager:
         meta: dict[str, Any],
         *,
         last_step: bool = False,
+        force: bool = False,
     ) -> str | None:
         """Write the checkpoint of ``step`` if it is :meth:`due`, commit it, then purge
         stale ones (keep-last-K among those up to ``step``). Returns its URL, or None
         when the step is not due (nothing written).
 
+        ``force``: write it even off the interval (the step a SIGTERM stopped training
+        at); never the last step. It is a checkpoint like any other: committed the same
+        way, loaded by :meth:`load`, and counted and purged by the same keep-last-K.
+
         ``weights`` are CPU tensors (:func:`cpu_state_dict`); ``state`` (optimizer,
         schedule, RNG) is moved to CPU here; ``meta`` is stored as ``meta.json`` with
         ``step`` and ``config_hash`` added.
         """
-        if not self.due(step, last_step):
+        if not (self.due(step, last_step) or (force and not last_step)):
             return None
         directory = layout.checkpoint(self.model, self.run_id, step)
         buf = io.BytesIO()

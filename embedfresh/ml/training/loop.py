@@ -5,31 +5,40 @@ One step: forward (``model.score_and_embed``, compiled or data parallel or not) 
 the backend's autocast, relevance loss plus in-batch contrastive loss, backward,
 gradient clipping, optimizer and schedule step. The backend's hooks sit at fixed places
 so the same loop runs eagerly on CPU/CUDA and traced on XLA.
+
+SIGTERM (AWS Batch, a Spot reclaim, Airflow's ``on_kill``) does not cut a step: the
+loop finishes the step in progress, every rank stops at that step, a committed
+checkpoint of it is written when the grace period allows, and the job exits 75 so its
+retry resumes from that step (:mod:`embedfresh.ml.training.preemption`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from embedfresh.core.config import TrainConfig
-from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.exit_codes import BadInputError, TransientError
 from embedfresh.ml.backends import Backend
 from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict
 from embedfresh.ml.model.relevance import RelevanceModel, in_batch_contrastive
 from embedfresh.ml.training.data import RankBatches, TrainingSet
 from embedfresh.ml.training.eval_points import EvalPoints
 from embedfresh.ml.training.plan import TrainPlan
+from embedfresh.ml.training.preemption import Preemption, Stop, grace_seconds
 from embedfresh.ml.training.state import TrainState, checkpoint_state, rng_state
 
 # The train job's logger: its log lines read the same wherever the code lives (tests
-# and operators wait for "step N/M" and "checkpoint step N committed").
+# and operators wait for "step N/M", "checkpoint step N committed" and "SIGTERM: stopped
+# after step N/M").
 log = logging.getLogger("embedfresh.jobs.train")
 
 #: Steps of an attempt that may trace new graphs: the first one traces forward+backward
@@ -95,7 +104,12 @@ class Trainer:
         ``state`` step by step; the loss is recorded every ``log_every`` steps, at each
         checkpoint and at the end of the plan.
 
+        A SIGTERM ends the call at the end of the step in progress (the same step on
+        every rank), with a committed checkpoint of that step when the grace period
+        leaves room for one; one during the plan's last step lets the run finish.
+
         :raises BadInputError: the loss is not finite (nothing of that step is saved).
+        :raises TransientError: stopped by SIGTERM (exit 75: the retry resumes).
         """
         backend, total = self.backend, self.plan.total
         last = total if until is None else until
@@ -119,28 +133,45 @@ class Trainer:
             )
         )
         compiles_at_warmup, eval_compiles_at_warmup = None, 0
-        for step, batch in zip(range(first, last), batches, strict=False):
-            done = step + 1
-            loss = self._forward_backward(batch, loss_fn)
-            if done % self.cfg.log_every == 0 or done == total or self.checkpoints.due(done):
-                # Eager: now. XLA: at the sync below, once the loss is materialised, so
-                # reading it never cuts the step's graph (and a NaN stops before the update).
-                epoch = step // self.plan.per_epoch
-                backend.after_step(self._record, state, extracting, loss, done, epoch)
-            backend.mark_step()
-            backend.optimizer_step(self.optimizer)
-            self.schedule.step()
-            backend.mark_step()
-            state.step = done
-            if first_step_seconds is None:
-                first_step_seconds = time.perf_counter() - started
-            if done - first == WARMUP_STEPS:
-                compiles_at_warmup = backend.compiles()
-                eval_compiles_at_warmup = 0 if self.evaluator is None else self.evaluator.compiles
-            if self.evaluator is not None and self.evaluator.due(done, total):
-                self.evaluator(self.model, done, self.cfg.output_version)
-            if self.checkpoints.due(done, last_step=done == total):
-                self._checkpoint(state)
+        preemption, gather = self._preemption()
+        with preemption or contextlib.nullcontext():
+            for step, batch in zip(range(first, last), batches, strict=False):
+                done = step + 1
+                loss = self._forward_backward(batch, loss_fn)
+                if done % self.cfg.log_every == 0 or done == total or self.checkpoints.due(done):
+                    # Eager: now. XLA: at the sync below, once the loss is materialised, so
+                    # reading it never cuts the step's graph (and a NaN stops before the
+                    # update).
+                    epoch = step // self.plan.per_epoch
+                    backend.after_step(self._record, state, extracting, loss, done, epoch)
+                backend.mark_step()
+                backend.optimizer_step(self.optimizer)
+                self.schedule.step()
+                backend.mark_step()
+                state.step = done
+                if first_step_seconds is None:
+                    first_step_seconds = time.perf_counter() - started
+                if done - first == WARMUP_STEPS:
+                    compiles_at_warmup = backend.compiles()
+                    eval_compiles_at_warmup = (
+                        0 if self.evaluator is None else self.evaluator.compiles
+                    )
+                if self.evaluator is not None and self.evaluator.due(done, total):
+                    self.evaluator(self.model, done, self.cfg.output_version)
+                url = None
+                checkpointed = self.checkpoints.due(done, last_step=done == total)
+                if checkpointed:
+                    url = self._checkpoint(state, preemption)
+                if preemption is not None and done < total:
+                    stop = preemption.decide(gather)  # every rank, every step: a collective
+                    if stop is not None:
+                        self._stop(state, stop, preemption, checkpointed, url)
+            if preemption is not None and preemption.requested and state.step == total:
+                log.warning(
+                    "SIGTERM during the last step (%d/%d): the run finishes and publishes",
+                    total,
+                    total,
+                )
         after = 0 if compiles_at_warmup is None else backend.compiles() - compiles_at_warmup
         if self.evaluator is not None and compiles_at_warmup is not None:
             after -= self.evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs
@@ -181,17 +212,96 @@ class Trainer:
         state.loss_curve.append([done, round(value, 6)])
         log.info("step %d/%d epoch %d loss %.4f", done, self.plan.total, epoch, value)
 
-    def _checkpoint(self, state: TrainState) -> None:
+    def _checkpoint(
+        self, state: TrainState, preemption: Preemption | None = None, force: bool = False
+    ) -> str | None:
         """Save the checkpoint of ``state.step`` (rank 0 writes; every rank gives its RNG
-        state, gathered for a bit-exact resume of each rank's dropout stream)."""
+        state, gathered for a bit-exact resume of each rank's dropout stream); its URL on
+        rank 0, None on the others. ``force``: off the interval (a SIGTERM's step)."""
         backend = self.backend
+        started = time.perf_counter()
         rngs = backend.gather(rng_state(backend))
-        if not backend.is_main:
-            return
-        url = self.checkpoints.save(
-            state.step,
-            cpu_state_dict(self.model),
-            checkpoint_state(self.optimizer, self.schedule, rngs, backend.world_size),
-            state.meta(evaluating=self.evaluator is not None),
+        url = None
+        if backend.is_main:
+            url = self.checkpoints.save(
+                state.step,
+                cpu_state_dict(self.model),
+                checkpoint_state(self.optimizer, self.schedule, rngs, backend.world_size),
+                state.meta(evaluating=self.evaluator is not None),
+                force=force,
+            )
+            log.info("checkpoint step %d committed at %s", state.step, url)
+        if preemption is not None:
+            preemption.wrote_checkpoint(time.perf_counter() - started)
+        return url
+
+    def _preemption(self) -> tuple[Preemption | None, Callable[[Any], list[Any]] | None]:
+        """The SIGTERM handler of this call and the gather its decisions go through
+        (None on one process). None when the backend cannot gather over its ranks
+        (torch-xla data parallel): SIGTERM then ends the process as before."""
+        backend = self.backend
+        if backend.world_size > 1 and len(backend.gather(None)) != backend.world_size:
+            log.warning(
+                "backend %s cannot gather over its %d ranks: SIGTERM is not caught (it ends "
+                "the process; the retry resumes from the last interval checkpoint)",
+                backend.name,
+                backend.world_size,
+            )
+            return None, None
+        gather = backend.gather if backend.world_size > 1 else None
+        return Preemption(grace_seconds()), gather
+
+    def _stop(
+        self,
+        state: TrainState,
+        stop: Stop,
+        preemption: Preemption,
+        checkpointed: bool,
+        url: str | None,
+    ) -> None:
+        """End the loop at ``state.step`` after a SIGTERM: checkpoint that step unless
+        it already is (``checkpointed``, at ``url``) and if the grace period allows, then
+        raise. Every rank comes here at the same step with the same ``stop``."""
+        decided = time.perf_counter()
+        done, total = state.step, self.plan.total
+        if not checkpointed and stop.checkpoint:
+            url = self._checkpoint(state, preemption, force=True)
+            checkpointed = True
+        if checkpointed and self.backend.world_size > 1:
+            # Rank 0's URL, once it is committed: no rank exits before the checkpoint is.
+            url = self.backend.gather(url)[0]
+        waited = stop.waited + time.perf_counter() - decided  # since the earliest SIGTERM
+        if checkpointed:
+            where = f"at {url}" if url is not None else "by rank 0"
+            log.warning(
+                "SIGTERM: stopped after step %d/%d; checkpoint step %d committed %s; "
+                "%.2f s since the signal (grace %.0f s; SIGTERMs received here: %d); "
+                "exiting 75, the retry resumes from step %d",
+                done,
+                total,
+                done,
+                where,
+                waited,
+                stop.grace,
+                preemption.signals,
+                done,
+            )
+            raise TransientError(
+                f"stopped by SIGTERM after step {done}/{total}; checkpoint step {done} "
+                f"committed {where}: the retry resumes from step {done}"
+            )
+        log.warning(
+            "SIGTERM: stopped after step %d/%d without a checkpoint of it: %.2f s of the "
+            "%.0f s grace period spent and a checkpoint write took up to %.2f s; exiting "
+            "75, the retry resumes from the last committed checkpoint",
+            done,
+            total,
+            stop.waited,
+            stop.grace,
+            stop.slowest_write,
         )
-        log.info("checkpoint step %d committed at %s", state.step, url)
+        raise TransientError(
+            f"stopped by SIGTERM after step {done}/{total} without a checkpoint of it (no "
+            f"time left in the {stop.grace:.0f} s grace period): the retry resumes from "
+            "the last committed checkpoint"
+        )
