@@ -14,6 +14,7 @@ is a crash (traceback, exit 1) that Airflow retries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import enum
 import inspect
@@ -99,17 +100,18 @@ def run_job(
         result_name = safe_id(args.result_name or name, "result name")
         config = load_config(config_cls, args.config, args.overrides)
         started_at = dt.datetime.now(dt.UTC)
-        summary = fn(config)
-        if _is_global_rank_zero():
-            url = write_result(
-                config,
-                job=name,
-                name=result_name,
-                attempt_id=args.attempt_id,
-                summary=summary,
-                started_at=started_at,
-            )
-            log.info("result record written: %s", url)
+        with _lease(name, config):  # one holder per unit of work; exit 75 while held
+            summary = fn(config)
+            if _is_global_rank_zero():
+                url = write_result(
+                    config,
+                    job=name,
+                    name=result_name,
+                    attempt_id=args.attempt_id,
+                    summary=summary,
+                    started_at=started_at,
+                )
+                log.info("result record written: %s", url)
     except JobError as e:
         print(f"{name}: error: {one_line(str(e))}", file=sys.stderr, flush=True)
         return int(e.exit_code)
@@ -125,6 +127,18 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+def _lease(name: str, config: BaseModel) -> contextlib.AbstractContextManager[object]:
+    """The lease of the job's unit of work (:mod:`embedfresh.core.leases`), taken by
+    global rank 0 alone; nothing for configs that name no run."""
+    if not isinstance(config, JobConfig) or not _is_global_rank_zero():
+        return contextlib.nullcontext()
+    from embedfresh.core.leases import Lease
+    from embedfresh.core.storage import ArtifactStore
+
+    store = ArtifactStore(config.artifact_root)
+    return Lease.acquire(store, config.model, config.run_id, config.lease_unit(name))
 
 
 def one_line(message: str) -> str:

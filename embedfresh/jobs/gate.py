@@ -47,6 +47,8 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     # Every check the gate can make on its own goes before its first write (a baseline
     # published, the reference's evaluation written under the run's reports).
     check_parameters(cfg.metrics, cfg.mode, cfg.tolerance)
+    registry = Registry(store, cfg.model)
+    production = registry.production_version()  # a corrupted registry is refused here
     candidate = _eval_report(store, cfg, CANDIDATE_REPORT)
     if candidate is None or candidate.get("version") != cfg.candidate_version:
         raise BadInputError(
@@ -61,8 +63,6 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     cand_outcomes = load_outcomes(store, candidate)
     check_candidate(cand_outcomes, cfg.metrics)
 
-    registry = Registry(store, cfg.model)
-    production = registry.production_version()
     if cfg.reference == "production":
         if production is not None:
             ref_version, source = production, "production"

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.storage.local import STAGING
 from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
 from tests.conftest import ROOT, job_env, run_job
 
@@ -76,13 +77,14 @@ def _part(root: str, day: str = "2026-01-01") -> Path:
 
 
 def snapshot(directory: Path) -> dict[str, str]:
-    """Every file under ``directory`` (hidden ones included) with its sha256."""
+    """Every file under ``directory`` (hidden ones included) with its sha256; the store's
+    scratch folder (``.staging``: writes in flight, compare-and-swap locks) left out."""
     if not directory.exists():
         return {}
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.relative_to(directory).parts[0] != STAGING
     }
 
 

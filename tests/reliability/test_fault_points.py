@@ -27,6 +27,7 @@ import pytest
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
+from embedfresh.core.storage.local import STAGING
 from tests.conftest import run_job
 from tests.reliability import figures
 from tests.reliability.forked import ForkServer
@@ -119,10 +120,11 @@ def _stable(obj):
 
 
 def state(root: Path) -> dict[str, str]:
-    """Every file of the store: its sha256, or for JSON its content without clocks."""
+    """Every file of the store: its sha256, or for JSON its content without clocks (the
+    store's scratch folder, ``.staging``, left out: :func:`leftovers` checks it)."""
     out = {}
     for path in sorted(root.rglob("*")):
-        if path.is_dir():
+        if path.is_dir() or path.relative_to(root).parts[0] == STAGING:
             continue
         rel = str(path.relative_to(root))
         if path.suffix == ".json" or path.name.endswith("COMMIT"):
@@ -157,13 +159,19 @@ def _first_difference(got: str | None, expected: str | None) -> str:
 
 
 def leftovers(root: Path) -> list[str]:
-    """Files no finished run should leave: staged writes, temporaries, probes."""
+    """Files no finished run should leave: staged writes, temporaries, probes, leases.
+    (The compare-and-swap lock files under ``.staging/locks`` stay by design.)"""
     return sorted(
         str(p.relative_to(root))
         for p in root.rglob("*")
-        if p.name.endswith(".tmp") or ".staging/" in f"{p.relative_to(root)}/"
         if p.is_file()
-    ) + sorted(str(p.relative_to(root)) for p in root.rglob(".write-probe"))
+        and (
+            p.name.endswith(".tmp")
+            or p.name == ".write-probe"
+            or p.parent.name == "leases"
+            or (p.parent == root / STAGING)
+        )
+    )
 
 
 @pytest.fixture(scope="module")

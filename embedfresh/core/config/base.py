@@ -45,6 +45,11 @@ class JobConfig(BaseModel):
     backend: str = "cpu"
     """Accelerator backend: ``auto``, ``cpu``, ``cuda``, ``xla`` or ``neuron``."""
 
+    def lease_unit(self, job: str) -> str:
+        """The unit of work a run of ``job`` with this config holds a lease on
+        (:mod:`embedfresh.core.leases`): the job itself, once per run."""
+        return job
+
     @field_validator("run_id")
     @classmethod
     def _run_id_is_a_path_segment(cls, v: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -53,6 +54,15 @@ class EmbedConfig(JobConfig):
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "name")
+
+    def lease_unit(self, job: str) -> str:
+        """Mapped embed tasks of one run hold different units: their shards."""
+        if self.shards is None:
+            return job
+        listed = "-".join(str(i) for i in sorted(self.shards))
+        if len(listed) > 64:
+            listed = hashlib.sha256(listed.encode()).hexdigest()[:16]
+        return f"{job}-shards-{listed}"
 
     @field_validator("shards")
     @classmethod

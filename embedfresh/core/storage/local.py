@@ -4,9 +4,9 @@ Objects are written to a temporary file in the root's staging folder (``.staging
 never inside a published directory), fsynced, given the mode the umask asks for, and
 renamed into place atomically. A writer killed before its rename leaves its file in
 ``.staging/``; the next store on the same root sweeps those whose writer is gone.
-Compare-and-swap holds an exclusive ``flock`` on a lock file next to the object around
-the check and the rename, which serialises writers on one host (and on NFS with working
-locks).
+Compare-and-swap holds an exclusive ``flock`` on a lock file of the object (under
+``.staging/locks/``, named by a hash of the object's path) around the check and the
+rename, which serialises writers on one host (and on NFS with working locks).
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ class LocalScheme(Scheme):
     ) -> None:
         """An exclusive lock serialises writers around the check and the atomic rename."""
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+        locks = os.path.join(self.staging.directory, "locks")
+        os.makedirs(locks, exist_ok=True)
+        lock_path = os.path.join(locks, f"{sha256_bytes(path.encode())[:32]}.lock")
         with open(lock_path, "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
