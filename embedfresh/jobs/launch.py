@@ -17,6 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
@@ -46,6 +47,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         run(args)
+    except SignalException as e:
+        # SIGTERM to the launcher (the runner's kill, Batch stopping the job): torchrun
+        # forwarded it to the workers, which checkpoint and exit 75; so does the launch.
+        print(
+            f"launch: stopped by signal {e.sigval.name}; the workers were told to "
+            "checkpoint: retry the task to resume",
+            file=sys.stderr,
+        )
+        return 75
     except ChildFailedError as e:
         rank, _ = e.get_first_failure()
         code = exit_code_of(e)

@@ -61,6 +61,8 @@ class LocalRunner:
             env.setdefault(key, value)
         env.update({k: str(v) for k, v in extra.items()})
         env["PYTHONUNBUFFERED"] = "1"
+        # What the job may spend on a checkpoint after SIGTERM: this runner's own grace.
+        env.setdefault("EMBEDFRESH_SIGTERM_GRACE_S", str(self.kill_grace_s))
         return env
 
     def run(self, spec: JobSpec, log: logging.Logger) -> JobResult:
