@@ -75,6 +75,11 @@ NOT_RUN: dict[str, str] = {
     "RELIABILITY_FIGURES=/tmp/reliability.json .venv/bin/python -m pytest -q tests/reliability": (
         "the reliability suite, which make test runs"
     ),
+    "python -m embedfresh.jobs.rollback --config rollback.yaml": (
+        "needs a store with an earlier production version; "
+        "tests/reliability/test_promotion.py::test_rollback_command_with_a_config_file runs "
+        "this command with the rollback.yaml shown"
+    ),
     # docs/UI.md
     "TOKEN=$(curl ": UI_SERVER,
     'curl -s -H "Authorization: Bearer $TOKEN"': UI_SERVER,

@@ -88,3 +88,38 @@ def test_killing_the_local_runner_ends_every_torchrun_worker(tmp_path: Path) -> 
     time.sleep(0.5)
     alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert alive == []
+
+
+STOPPER = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))  # what a training worker does
+pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_sigterm_to_the_launcher_reaches_the_workers_and_exits_75(tmp_path: Path) -> None:
+    """Batch stopping a multi-node main container, or the runner's kill: the launcher
+    forwards SIGTERM, its workers checkpoint and exit 75, and so does the launch (it
+    exited 1 with torchrun's SignalException traceback before)."""
+    import signal
+    import time
+
+    worker = tmp_path / "stopper.py"
+    worker.write_text(STOPPER)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embedfresh.jobs.launch", "--standalone", "--nproc-per-node", "2",
+         str(worker), str(pids)],
+        cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(list(pids.iterdir())) == 2, "the workers did not start"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 75, stderr[-2000:]
+    assert "launch: stopped by signal SIGTERM" in stderr
+    assert "Traceback" not in stderr

@@ -10,7 +10,12 @@ import os
 import statistics
 from typing import Any
 
-ROWS: dict[str, list[dict[str, Any]]] = {"kills": [], "faults": [], "fault_points": []}
+ROWS: dict[str, list[dict[str, Any]]] = {
+    "kills": [],
+    "faults": [],
+    "fault_points": [],
+    "sigterm": [],
+}
 
 
 def record(kind: str, **row: Any) -> None:
@@ -40,6 +45,12 @@ def summary_lines() -> list[str]:
         )
         for f in faults:
             lines.append(f"  {json.dumps(f, sort_keys=True)}")
+    for row in ROWS["sigterm"]:
+        lines.append(
+            f"SIGTERM ({row['workers']} worker(s)): stopped at step {row['stopped_at_step']}, "
+            f"steps lost {row.get('steps_lost', '-')}, SIGTERM to exit "
+            f"{row.get('sigterm_to_exit_s', '-')} s"
+        )
     for row in ROWS["fault_points"]:
         lines.append(
             f"fault points of {row['job']}: {row['points']}, {row['points'] - row['failed']} "

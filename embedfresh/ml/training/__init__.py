@@ -13,6 +13,8 @@
 - :mod:`~embedfresh.ml.training.state`: :class:`TrainState`, the loop's state in one
   object, and the RNG states that make a resume bit-exact;
 - :mod:`~embedfresh.ml.training.loop`: :class:`Trainer`, the step and the loop;
+- :mod:`~embedfresh.ml.training.preemption`: SIGTERM noted, the step finished, a
+  checkpoint of it and exit 75 (every rank stopping at the same step);
 - :mod:`~embedfresh.ml.training.eval_points`: evaluation during training.
 
 When and which checkpoints are saved, kept and resumed is the checkpoint manager's
