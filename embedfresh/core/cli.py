@@ -22,18 +22,20 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from embedfresh.core.config import JobConfig, load_config
-from embedfresh.core.exit_codes import ExitCode, JobError
+from embedfresh.core.exit_codes import ExitCode, JobError, TransientError
 from embedfresh.core.layout import safe_id
 from embedfresh.core.results import ATTEMPT_ID_OPTION, RESULT_NAME_OPTION, write_result
 from embedfresh.core.storage import is_transient
@@ -100,7 +102,7 @@ def run_job(
         result_name = safe_id(args.result_name or name, "result name")
         config = load_config(config_cls, args.config, args.overrides)
         started_at = dt.datetime.now(dt.UTC)
-        with _lease(name, config):  # one holder per unit of work; exit 75 while held
+        with _sigterm_exits_75(), _lease(name, config):  # one holder per unit of work
             summary = fn(config)
             if _is_global_rank_zero():
                 url = write_result(
@@ -127,6 +129,30 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+class Terminated(TransientError):
+    """SIGTERM outside the training loop's own handling (which checkpoints first)."""
+
+
+@contextlib.contextmanager
+def _sigterm_exits_75() -> Iterator[None]:
+    """SIGTERM (Airflow's on_kill, Batch stopping a job, Spot) ends the job as a
+    transient fault: exit 75 with one line, its lease released, everything committed
+    kept; the training loop installs its own handler while it runs (a checkpoint of the
+    step first). Main thread only: Python delivers signals there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated("stopped by SIGTERM; the retry resumes from what is committed")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _lease(name: str, config: BaseModel) -> contextlib.AbstractContextManager[object]:

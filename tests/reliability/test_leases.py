@@ -166,3 +166,34 @@ def test_two_starts_of_one_run_one_runs_the_other_exits_75_then_a_start_takes_ov
     assert _sha(store_dir / "models/tiny/versions/raced/model.safetensors") == _sha(
         store_dir / "models/tiny/versions/reference/model.safetensors"
     )
+
+
+@pytest.mark.slow
+def test_sigterm_outside_training_exits_75_with_one_line_and_frees_the_lease(root):
+    """SIGTERM anywhere in a job (here evaluate, as Airflow's on_kill sends it): exit 75,
+    one line, the lease released for the retry at once, and the retry succeeds."""
+    store_dir = Path(root.removeprefix("file://"))
+    prod = run_job("train", f"artifact_root={root}", "run_id=p", "data_interval_start=2026-01-01",
+                   "max_steps=2", "init=base")  # fmt: skip
+    assert prod.returncode == 0, prod.stderr[-3000:]
+    sets = (f"artifact_root={root}", "run_id=p")
+    cmd = [sys.executable, "-m", "embedfresh.jobs.evaluate"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lease_file = store_dir / "runs/tiny/p/leases/evaluate.json"
+    deadline = time.monotonic() + 120
+    while not lease_file.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "no lease taken"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.TRANSIENT, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("evaluate: error: stopped by SIGTERM")
+    assert "Traceback" not in stderr
+    assert not lease_file.exists()
+    assert not (store_dir / "runs/tiny/p/results/evaluate.json").exists()
+    again = run_job("evaluate", *sets)
+    assert again.returncode == 0, again.stderr[-3000:]
