@@ -36,6 +36,7 @@ PRELOAD = [
     "embedfresh.jobs.embed_verify",
     "embedfresh.jobs.export_st",
     "embedfresh.jobs.compile",
+    "embedfresh.jobs.rollback",
 ]
 
 

@@ -10,7 +10,8 @@ byte-identical (JSON reports compared without their clocks), nothing staged left
 
 The jobs run in the order of a refresh, each on the state the previous one left, all in
 one store path (reports hold absolute URLs): train (from production, a checkpoint
-between two steps), evaluate, gate, promote, embed, verify, export and compile (eager).
+between two steps), evaluate, gate, promote, embed, verify, export, compile (eager)
+and rollback.
 docs/RELIABILITY.md lists the points and the figures.
 """
 
@@ -53,6 +54,8 @@ CHAIN = [
     ("embed_verify", ["run_id=r2", "version=r2"], 0),
     ("export_st", ["run_id=r2", "version=r2"], 0),
     ("compile", ["run_id=c1", "compile=off"], 0),
+    # A person takes production back to r1 (a former production version).
+    ("rollback", ["run_id=back", "to_version=r1", "reason=fault-point matrix", "who=ci"], 0),
 ]
 JOBS = [job for job, _, _ in CHAIN]
 
