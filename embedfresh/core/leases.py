@@ -27,6 +27,7 @@ from typing import Any
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import ConflictError, ExitCode, TransientError
 from embedfresh.core.storage import ArtifactStore, json_bytes
+from embedfresh.core.storage.local import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,6 @@ def lease_seconds() -> float:
 
 def _iso(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Lease:
@@ -127,7 +118,7 @@ class Lease:
         if now > expires:
             return f"{holder}, whose lease expired at {_iso(expires)}"
         pid = held.get("pid")
-        if held.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+        if held.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
             return f"{holder}, which no longer runs on this host"
         return None
 

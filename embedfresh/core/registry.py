@@ -49,6 +49,17 @@ class Move:
     def version(self) -> str:
         return self.doc["production"]["version"]
 
+    def summary(self, registry_url: str) -> dict[str, Any]:
+        """What a job that moved (or found moved) the pointer reports."""
+        check = self.verification
+        return {
+            "production": self.version,
+            "previous": self.previous,
+            "already": self.already,
+            "registry": registry_url,
+            "verified": None if check is None else {"files": check.files, "bytes": check.bytes},
+        }
+
 
 class Registry:
     def __init__(self, store: ArtifactStore, model: str) -> None:

@@ -68,15 +68,7 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
         )
     else:
         log.info("production of %s moved from %s to %s", cfg.model, move.previous, candidate)
-    return {
-        "production": move.version,
-        "previous": move.previous,
-        "already": move.already,
-        "registry": registry.url,
-        "verified": None
-        if move.verification is None
-        else {"files": move.verification.files, "bytes": move.verification.bytes},
-    }
+    return move.summary(registry.url)
 
 
 if __name__ == "__main__":

@@ -45,17 +45,7 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
             cfg.who,
             cfg.reason,
         )
-    return {
-        "production": move.version,
-        "previous": move.previous,
-        "already": move.already,
-        "registry": registry.url,
-        "who": cfg.who,
-        "why": cfg.reason,
-        "verified": None
-        if move.verification is None
-        else {"files": move.verification.files, "bytes": move.verification.bytes},
-    }
+    return {**move.summary(registry.url), "who": cfg.who, "why": cfg.reason}
 
 
 if __name__ == "__main__":

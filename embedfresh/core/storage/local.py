@@ -156,14 +156,15 @@ class _Staging:
             parts = name.rsplit(".", 4)  # <name>.<host>.<pid>.<random>.tmp
             if len(parts) != 5 or parts[1] != self.host or not parts[2].isdigit():
                 continue
-            if _alive(int(parts[2])):
+            if pid_alive(int(parts[2])):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.directory, name))
                 log.info("removed %s, left by a writer that is gone", name)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
