@@ -1,0 +1,236 @@
+"""The fault-point matrix on S3 (moto's server on 127.0.0.1, reached over HTTP by the
+job processes), for the jobs whose writes mean something else there than on a disk.
+
+:mod:`tests.reliability.test_fault_points` kills every write of every job on a
+``file://`` store. On S3 a write is a single PUT (no ``.staging`` folder, no rename), a
+compare-and-swap is a conditional PUT (``If-Match`` / ``If-None-Match: *``) and a
+recursive remove is a batch of DELETEs, so the jobs built on those are run through the
+same matrix here:
+
+- ``train``: the lease (a conditional PUT, renewed and removed), checkpoints and the
+  model version, each many objects and then its ``COMMIT`` marker;
+- ``promote``: the lease and the registry's compare-and-swap (``If-Match``);
+- ``embed``: the per-shard markers.
+
+``evaluate`` and ``gate`` run once, cleanly, in the chain (the gate's PASS report gives
+promote its work); their points are the file matrix's. Everything else is the file
+matrix's: its chain entries, its JSON normalisation (:func:`_stable`,
+:func:`_embed_report`), its first-difference report. The chain is built at the S3 root
+the matrix runs on (reports hold absolute URLs); the snapshot before each job is a
+server-side copy of every object under the root to a prefix of its own in the bucket,
+and a restore deletes everything under the root and copies the snapshot back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+import boto3
+import pytest
+
+from embedfresh.core.registry import Registry
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
+from embedfresh.core.storage.local import STAGING
+from tests.conftest import _s3_env, run_job, write_data
+from tests.reliability import figures
+from tests.reliability.forked import ForkServer
+from tests.reliability.test_fault_points import CHAIN, _embed_report, _first_difference, _stable
+
+BUCKET = "fault-points"
+#: The artifact root's prefix in the bucket; snapshots live beside it, never under it.
+PREFIX = "prod"
+SNAPSHOTS = "snapshots"
+#: The file matrix's refresh up to embed; the matrix runs on the jobs of :data:`S3_JOBS`.
+S3_CHAIN = [
+    entry for entry in CHAIN if entry[0] in {"train", "evaluate", "gate", "promote", "embed"}
+]
+S3_JOBS = ["train", "promote", "embed"]
+ROOT_URL = f"s3://{BUCKET}/{PREFIX}"
+
+
+def keys(s3, prefix: str) -> list[str]:
+    """Every key under ``prefix/`` (the prefix itself as a folder: ``prod/``, not ``prod-x``)."""
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
+        out += [o["Key"] for o in page.get("Contents", [])]
+    return sorted(out)
+
+
+def _each(fn: Callable, items: Iterable) -> list:
+    """``fn`` of every item, eight requests in flight (a point restores and reads ~40
+    objects, ~40 MB: one at a time, the round trips add up over the matrix)."""
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(fn, items))
+
+
+def _normalised(key: str, data: bytes) -> str:
+    """One object as :func:`tests.reliability.test_fault_points.state` records a file."""
+    path = PurePosixPath(key)
+    if path.suffix == ".json" or path.name.endswith("COMMIT"):
+        doc = json.loads(data)
+        if path.name == "embed.json" and "summary" in doc:  # the result record
+            doc["summary"] = _embed_report(doc["summary"])
+        elif path.name == "embed.json":
+            doc = _embed_report(doc)
+        return json.dumps(_stable(doc), sort_keys=True)
+    return hashlib.sha256(data).hexdigest()
+
+
+def s3_state(s3, prefix: str = PREFIX) -> dict[str, str]:
+    """Every object of the store: its sha256, or for JSON and COMMIT its content without
+    clocks, keyed by its path relative to the root (the S3 counterpart of ``state``)."""
+    found = keys(s3, prefix)
+    values = _each(
+        lambda key: _normalised(key, s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()), found
+    )
+    return {key.removeprefix(f"{prefix}/"): value for key, value in zip(found, values, strict=True)}
+
+
+def s3_leftovers(s3, prefix: str = PREFIX) -> list[str]:
+    """Objects no finished run should leave: leases, temporaries, probes and anything
+    under a ``.staging`` prefix (S3 writes are single PUTs: the store stages nothing)."""
+    out = []
+    for key in keys(s3, prefix):
+        rel = PurePosixPath(key.removeprefix(f"{prefix}/"))
+        if (
+            rel.name.endswith(".tmp")
+            or rel.name == ".write-probe"
+            or rel.parent.name == "leases"
+            or STAGING in rel.parts
+        ):
+            out.append(str(rel))
+    return out
+
+
+def _delete_all(s3, prefix: str) -> None:
+    found = keys(s3, prefix)
+    for i in range(0, len(found), 1000):
+        batch = [{"Key": k} for k in found[i : i + 1000]]
+        done = s3.delete_objects(Bucket=BUCKET, Delete={"Objects": batch, "Quiet": True})
+        assert not done.get("Errors"), done["Errors"]
+    assert not keys(s3, prefix), f"{prefix}/ not emptied"
+
+
+def _copy_all(s3, source: str, dest: str) -> None:
+    """Server-side copy of every object under ``source/`` to the same key under ``dest/``."""
+    _each(
+        lambda key: s3.copy_object(
+            Bucket=BUCKET,
+            Key=f"{dest}/{key.removeprefix(f'{source}/')}",
+            CopySource={"Bucket": BUCKET, "Key": key},
+        ),
+        keys(s3, source),
+    )
+
+
+def snapshot(s3, name: str) -> str:
+    dest = f"{SNAPSHOTS}/{name}"
+    _delete_all(s3, dest)
+    _copy_all(s3, PREFIX, dest)
+    return dest
+
+
+def restore(s3, snap: str) -> None:
+    _delete_all(s3, PREFIX)
+    _copy_all(s3, snap, PREFIX)
+
+
+@pytest.fixture(scope="module")
+def s3(s3_endpoint: str):
+    return boto3.client("s3", endpoint_url=s3_endpoint)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> ForkServer:
+    return ForkServer(tmp_path_factory.mktemp("fork-output-s3"))
+
+
+@pytest.fixture(scope="module")
+def s3_chain(s3, s3_endpoint: str, forks: ForkServer) -> tuple[dict[str, str], dict[str, str]]:
+    """The S3 environment a job needs, and the snapshot prefix of the store before each
+    job of :data:`S3_CHAIN`.
+
+    Production is version ``r1`` (trained from the base weights, promoted); the chain is
+    the next day's refresh, ``r2``, run cleanly once, all at :data:`ROOT_URL`."""
+    env = _s3_env(s3_endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    # The data and the registry are written in this process: the s3_endpoint fixture
+    # has put the same S3 environment in os.environ for the session.
+    write_data(ROOT_URL)
+    first = run_job(
+        "train", f"artifact_root={ROOT_URL}", "run_id=r1", "data_interval_start=2026-01-01",
+        "max_steps=2", "init=base", env=env,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    Registry(ArtifactStore(ROOT_URL), "tiny").promote("r1", None, {"decision": "PASS"})
+    before = {}
+    for job, sets, code in S3_CHAIN:
+        before[job] = snapshot(s3, f"before-{job}")
+        done = forks.run(job, f"artifact_root={ROOT_URL}", *sets, env=env)
+        assert done.exitcode == code, f"{job}: {done.stderr[-3000:]}"
+    assert not s3_leftovers(s3), s3_leftovers(s3)
+    return env, before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", S3_JOBS)
+def test_every_write_on_s3_killed_then_a_plain_rerun_finishes_the_same(
+    job: str,
+    s3,
+    s3_chain: tuple[dict[str, str], dict[str, str]],
+    forks: ForkServer,
+    tmp_path: Path,
+) -> None:
+    env, before = s3_chain
+    sets, code = next((s, c) for j, s, c in S3_CHAIN if j == job)
+    args = (f"artifact_root={ROOT_URL}", *sets)
+
+    # The clean run: its writes are the points, its store the state every point must reach.
+    restore(s3, before[job])
+    log = tmp_path / "clean.log"
+    clean = forks.run(job, *args, env={**env, WRITES_LOG: str(log)})
+    assert clean.exitcode == code, clean.stderr[-3000:]
+    points = log.read_text().splitlines()
+    assert points, f"{job} made no writes"
+    expected = s3_state(s3)
+    assert not s3_leftovers(s3), s3_leftovers(s3)
+
+    failures = []
+    started = time.perf_counter()
+    for point in points:
+        restore(s3, before[job])
+        killed_log = tmp_path / "killed.log"
+        killed_log.unlink(missing_ok=True)
+        killed = forks.run(job, *args, env={**env, FAULT_POINT: point, WRITES_LOG: str(killed_log)})
+        if killed.exitcode != -9 or killed_log.read_text().splitlines()[-1:] != [point]:
+            failures.append(f"{point}: not killed there (exit {killed.exitcode}) "
+                            f"{killed.stderr[-500:]}")  # fmt: skip
+            continue
+        again = forks.run(job, *args, env=env)
+        if again.exitcode != code:
+            failures.append(f"{point}: re-run exit {again.exitcode}: {again.stderr[-800:]}")
+            continue
+        if left := s3_leftovers(s3):
+            failures.append(f"{point}: left {left}")
+        got = s3_state(s3)
+        if got != expected:
+            diff = sorted(
+                k for k in set(got) | set(expected) if got.get(k) != expected.get(k)
+            )  # fmt: skip
+            failures.append(
+                f"{point}: store differs from the clean run's in {diff[:6]}; "
+                f"{diff[0]}: {_first_difference(got.get(diff[0]), expected.get(diff[0]))}"
+            )
+    figures.record(
+        "fault_points",
+        job=f"{job} (s3)",
+        **{"points": len(points), "failed": len(failures),
+         "seconds": round(time.perf_counter() - started, 1), "names": points},
+    )  # fmt: skip
+    assert not failures, f"{len(failures)} of {len(points)} points:\n" + "\n".join(failures)
