@@ -21,7 +21,8 @@ import hashlib
 import json
 import shutil
 import time
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -31,7 +32,7 @@ from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
 from embedfresh.core.storage.local import STAGING
 from tests.conftest import run_job
 from tests.reliability import figures
-from tests.reliability.forked import ForkServer
+from tests.reliability.forked import Finished, ForkServer
 
 #: The refresh, in order: (job, its --set values after artifact_root, its clean exit code).
 CHAIN = [
@@ -122,24 +123,39 @@ def _stable(obj):
     return obj
 
 
+def normalised(rel: str, data: bytes) -> str:
+    """One object as the matrix compares it: its sha256, or for JSON and markers its
+    content without clocks (and, for the embed report, without this attempt's counters)."""
+    path = PurePosixPath(rel)
+    if path.suffix == ".json" or path.name.endswith("COMMIT"):
+        doc = json.loads(data)
+        if path.name == "embed.json" and "summary" in doc:  # the result record
+            doc["summary"] = _embed_report(doc["summary"])
+        elif path.name == "embed.json":
+            doc = _embed_report(doc)
+        return json.dumps(_stable(doc), sort_keys=True)
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_leftover(rel: PurePosixPath) -> bool:
+    """What no finished run may leave: a staged write, a temporary, a probe, a lease.
+    (The compare-and-swap lock files under ``.staging/locks`` stay by design.)"""
+    return (
+        rel.name.endswith(".tmp")
+        or rel.name == ".write-probe"
+        or rel.parent.name == "leases"
+        or (rel.parts[0] == STAGING and rel.parts[1:2] != ("locks",))
+    )
+
+
 def state(root: Path) -> dict[str, str]:
-    """Every file of the store: its sha256, or for JSON its content without clocks (the
-    store's scratch folder, ``.staging``, left out: :func:`leftovers` checks it)."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_dir() or path.relative_to(root).parts[0] == STAGING:
-            continue
-        rel = str(path.relative_to(root))
-        if path.suffix == ".json" or path.name.endswith("COMMIT"):
-            doc = json.loads(path.read_bytes())
-            if path.name == "embed.json" and "summary" in doc:  # the result record
-                doc["summary"] = _embed_report(doc["summary"])
-            elif path.name == "embed.json":
-                doc = _embed_report(doc)
-            out[rel] = json.dumps(_stable(doc), sort_keys=True)
-        else:
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+    """Every file of the store as :func:`normalised` (the store's scratch folder,
+    ``.staging``, left out: :func:`leftovers` checks it)."""
+    return {
+        str(path.relative_to(root)): normalised(str(path.relative_to(root)), path.read_bytes())
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.relative_to(root).parts[0] != STAGING
+    }
 
 
 def _first_difference(got: str | None, expected: str | None) -> str:
@@ -162,18 +178,10 @@ def _first_difference(got: str | None, expected: str | None) -> str:
 
 
 def leftovers(root: Path) -> list[str]:
-    """Files no finished run should leave: staged writes, temporaries, probes, leases.
-    (The compare-and-swap lock files under ``.staging/locks`` stay by design.)"""
     return sorted(
-        str(p.relative_to(root))
-        for p in root.rglob("*")
-        if p.is_file()
-        and (
-            p.name.endswith(".tmp")
-            or p.name == ".write-probe"
-            or p.parent.name == "leases"
-            or (p.parent == root / STAGING)
-        )
+        str(rel)
+        for rel in (PurePosixPath(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        if is_leftover(rel)
     )
 
 
@@ -215,43 +223,46 @@ def _restore(store: Path, snapshot: Path) -> None:
     shutil.copytree(snapshot, store)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("job", JOBS)
-def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
-    job: str, chain: tuple[Path, dict[str, Path]], server: ForkServer, tmp_path: Path
+def run_matrix(
+    label: str,
+    run: Callable[..., Finished],
+    args: tuple[str, ...],
+    code: int,
+    restore: Callable[[], None],
+    state: Callable[[], dict[str, str]],
+    leftovers: Callable[[], list[str]],
+    logs: Path,
 ) -> None:
-    store, before = chain
-    sets, code = next((s, c) for j, s, c in CHAIN if j == job)
-    args = (f"artifact_root=file://{store}", *sets)
-
-    # The clean run: its writes are the points, its store the state every point must reach.
-    _restore(store, before[job])
-    log = tmp_path / "clean.log"
-    clean = server.run(job, *args, env={WRITES_LOG: str(log)})
+    """The matrix of one job on one store: a clean run records the points and the state
+    to reach; each point is killed, then re-run plainly and compared. ``run(*args,
+    env=...)`` starts the job; ``restore()`` puts the store back to before the job."""
+    restore()
+    log = logs / "clean.log"
+    clean = run(*args, env={WRITES_LOG: str(log)})
     assert clean.exitcode == code, clean.stderr[-3000:]
     points = log.read_text().splitlines()
-    assert points, f"{job} made no writes"
-    expected = state(store)
-    assert not leftovers(store), leftovers(store)
+    assert points, f"{label} made no writes"
+    expected = state()
+    assert not leftovers(), leftovers()
 
     failures = []
     started = time.perf_counter()
     for point in points:
-        _restore(store, before[job])
-        killed_log = tmp_path / "killed.log"
+        restore()
+        killed_log = logs / "killed.log"
         killed_log.unlink(missing_ok=True)
-        killed = server.run(job, *args, env={FAULT_POINT: point, WRITES_LOG: str(killed_log)})
+        killed = run(*args, env={FAULT_POINT: point, WRITES_LOG: str(killed_log)})
         if killed.exitcode != -9 or killed_log.read_text().splitlines()[-1:] != [point]:
             failures.append(f"{point}: not killed there (exit {killed.exitcode}) "
                             f"{killed.stderr[-500:]}")  # fmt: skip
             continue
-        again = server.run(job, *args)
+        again = run(*args, env={})
         if again.exitcode != code:
             failures.append(f"{point}: re-run exit {again.exitcode}: {again.stderr[-800:]}")
             continue
-        if left := leftovers(store):
+        if left := leftovers():
             failures.append(f"{point}: left {left}")
-        got = state(store)
+        got = state()
         if got != expected:
             diff = sorted(
                 k for k in set(got) | set(expected) if got.get(k) != expected.get(k)
@@ -262,8 +273,27 @@ def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
             )
     figures.record(
         "fault_points",
-        job=job,
+        job=label,
         **{"points": len(points), "failed": len(failures),
          "seconds": round(time.perf_counter() - started, 1), "names": points},
     )  # fmt: skip
     assert not failures, f"{len(failures)} of {len(points)} points:\n" + "\n".join(failures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", JOBS)
+def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
+    job: str, chain: tuple[Path, dict[str, Path]], server: ForkServer, tmp_path: Path
+) -> None:
+    store, before = chain
+    sets, code = next((s, c) for j, s, c in CHAIN if j == job)
+    run_matrix(
+        job,
+        lambda *args, env: server.run(job, *args, env=env),
+        (f"artifact_root=file://{store}", *sets),
+        code,
+        restore=lambda: _restore(store, before[job]),
+        state=lambda: state(store),
+        leftovers=lambda: leftovers(store),
+        logs=tmp_path,
+    )

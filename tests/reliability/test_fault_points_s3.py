@@ -23,9 +23,6 @@ and a restore deletes everything under the root and copies the snapshot back.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -35,12 +32,10 @@ import pytest
 
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
 from embedfresh.core.storage.local import STAGING
 from tests.conftest import _s3_env, run_job, write_data
-from tests.reliability import figures
 from tests.reliability.forked import ForkServer
-from tests.reliability.test_fault_points import CHAIN, _embed_report, _first_difference, _stable
+from tests.reliability.test_fault_points import CHAIN, is_leftover, normalised, run_matrix
 
 BUCKET = "fault-points"
 #: The artifact root's prefix in the bucket; snapshots live beside it, never under it.
@@ -69,43 +64,21 @@ def _each(fn: Callable, items: Iterable) -> list:
         return list(pool.map(fn, items))
 
 
-def _normalised(key: str, data: bytes) -> str:
-    """One object as :func:`tests.reliability.test_fault_points.state` records a file."""
-    path = PurePosixPath(key)
-    if path.suffix == ".json" or path.name.endswith("COMMIT"):
-        doc = json.loads(data)
-        if path.name == "embed.json" and "summary" in doc:  # the result record
-            doc["summary"] = _embed_report(doc["summary"])
-        elif path.name == "embed.json":
-            doc = _embed_report(doc)
-        return json.dumps(_stable(doc), sort_keys=True)
-    return hashlib.sha256(data).hexdigest()
-
-
 def s3_state(s3, prefix: str = PREFIX) -> dict[str, str]:
     """Every object of the store: its sha256, or for JSON and COMMIT its content without
     clocks, keyed by its path relative to the root (the S3 counterpart of ``state``)."""
     found = keys(s3, prefix)
     values = _each(
-        lambda key: _normalised(key, s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()), found
+        lambda key: normalised(key, s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()), found
     )
     return {key.removeprefix(f"{prefix}/"): value for key, value in zip(found, values, strict=True)}
 
 
 def s3_leftovers(s3, prefix: str = PREFIX) -> list[str]:
-    """Objects no finished run should leave: leases, temporaries, probes and anything
-    under a ``.staging`` prefix (S3 writes are single PUTs: the store stages nothing)."""
-    out = []
-    for key in keys(s3, prefix):
-        rel = PurePosixPath(key.removeprefix(f"{prefix}/"))
-        if (
-            rel.name.endswith(".tmp")
-            or rel.name == ".write-probe"
-            or rel.parent.name == "leases"
-            or STAGING in rel.parts
-        ):
-            out.append(str(rel))
-    return out
+    """Objects no finished run should leave (:func:`is_leftover`; S3 writes are single
+    PUTs: the store stages nothing, so nothing may exist under ``.staging`` at all)."""
+    rels = [PurePosixPath(key.removeprefix(f"{prefix}/")) for key in keys(s3, prefix)]
+    return [str(rel) for rel in rels if is_leftover(rel) or STAGING in rel.parts]
 
 
 def _delete_all(s3, prefix: str) -> None:
@@ -187,50 +160,15 @@ def test_every_write_on_s3_killed_then_a_plain_rerun_finishes_the_same(
     forks: ForkServer,
     tmp_path: Path,
 ) -> None:
-    env, before = s3_chain
+    s3_env, before = s3_chain
     sets, code = next((s, c) for j, s, c in S3_CHAIN if j == job)
-    args = (f"artifact_root={ROOT_URL}", *sets)
-
-    # The clean run: its writes are the points, its store the state every point must reach.
-    restore(s3, before[job])
-    log = tmp_path / "clean.log"
-    clean = forks.run(job, *args, env={**env, WRITES_LOG: str(log)})
-    assert clean.exitcode == code, clean.stderr[-3000:]
-    points = log.read_text().splitlines()
-    assert points, f"{job} made no writes"
-    expected = s3_state(s3)
-    assert not s3_leftovers(s3), s3_leftovers(s3)
-
-    failures = []
-    started = time.perf_counter()
-    for point in points:
-        restore(s3, before[job])
-        killed_log = tmp_path / "killed.log"
-        killed_log.unlink(missing_ok=True)
-        killed = forks.run(job, *args, env={**env, FAULT_POINT: point, WRITES_LOG: str(killed_log)})
-        if killed.exitcode != -9 or killed_log.read_text().splitlines()[-1:] != [point]:
-            failures.append(f"{point}: not killed there (exit {killed.exitcode}) "
-                            f"{killed.stderr[-500:]}")  # fmt: skip
-            continue
-        again = forks.run(job, *args, env=env)
-        if again.exitcode != code:
-            failures.append(f"{point}: re-run exit {again.exitcode}: {again.stderr[-800:]}")
-            continue
-        if left := s3_leftovers(s3):
-            failures.append(f"{point}: left {left}")
-        got = s3_state(s3)
-        if got != expected:
-            diff = sorted(
-                k for k in set(got) | set(expected) if got.get(k) != expected.get(k)
-            )  # fmt: skip
-            failures.append(
-                f"{point}: store differs from the clean run's in {diff[:6]}; "
-                f"{diff[0]}: {_first_difference(got.get(diff[0]), expected.get(diff[0]))}"
-            )
-    figures.record(
-        "fault_points",
-        job=f"{job} (s3)",
-        **{"points": len(points), "failed": len(failures),
-         "seconds": round(time.perf_counter() - started, 1), "names": points},
-    )  # fmt: skip
-    assert not failures, f"{len(failures)} of {len(points)} points:\n" + "\n".join(failures)
+    run_matrix(
+        f"{job} (s3)",
+        lambda *args, env: forks.run(job, *args, env={**s3_env, **env}),
+        (f"artifact_root={ROOT_URL}", *sets),
+        code,
+        restore=lambda: restore(s3, before[job]),
+        state=lambda: s3_state(s3),
+        leftovers=lambda: s3_leftovers(s3),
+        logs=tmp_path,
+    )
