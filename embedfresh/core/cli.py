@@ -102,7 +102,7 @@ def run_job(
         result_name = safe_id(args.result_name or name, "result name")
         config = load_config(config_cls, args.config, args.overrides)
         started_at = dt.datetime.now(dt.UTC)
-        with _sigterm_exits_75(), _lease(name, config):  # one holder per unit of work
+        with _sigterm_exits_75(), _lease(name, config):  # one writer per unit of work
             summary = fn(config)
             if _is_global_rank_zero():
                 url = write_result(
@@ -155,16 +155,31 @@ def _sigterm_exits_75() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _lease(name: str, config: BaseModel) -> contextlib.AbstractContextManager[object]:
+@contextlib.contextmanager
+def _lease(name: str, config: BaseModel) -> Iterator[None]:
     """The lease of the job's unit of work (:mod:`embedfresh.core.leases`), taken by
-    global rank 0 alone; nothing for configs that name no run."""
+    global rank 0 right before the job's first write under its artifact root (after
+    every check of its input: a refused job writes nothing, not even a lease) and
+    released when the job ends; nothing for configs that name no run."""
     if not isinstance(config, JobConfig) or not _is_global_rank_zero():
-        return contextlib.nullcontext()
+        yield
+        return
     from embedfresh.core.leases import Lease
-    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.core.storage import ArtifactStore, before_first_write
 
     store = ArtifactStore(config.artifact_root)
-    return Lease.acquire(store, config.model, config.run_id, config.lease_unit(name))
+    held: list[Lease] = []
+
+    def take() -> None:
+        held.append(Lease.acquire(store, config.model, config.run_id, config.lease_unit(name)))
+
+    before_first_write(store.root, take)
+    try:
+        yield
+    finally:
+        before_first_write(store.root, None)
+        for lease in held:
+            lease.release()
 
 
 def one_line(message: str) -> str:

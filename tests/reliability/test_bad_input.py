@@ -78,7 +78,8 @@ def _part(root: str, day: str = "2026-01-01") -> Path:
 
 def snapshot(directory: Path) -> dict[str, str]:
     """Every file under ``directory`` (hidden ones included) with its sha256; the store's
-    scratch folder (``.staging``: writes in flight, compare-and-swap locks) left out."""
+    scratch folder (``.staging``: the compare-and-swap lock files a job that wrote its
+    lease leaves) left out."""
     if not directory.exists():
         return {}
     return {

@@ -168,32 +168,36 @@ def test_two_starts_of_one_run_one_runs_the_other_exits_75_then_a_start_takes_ov
     )
 
 
-@pytest.mark.slow
-def test_sigterm_outside_training_exits_75_with_one_line_and_frees_the_lease(root):
-    """SIGTERM anywhere in a job (here evaluate, as Airflow's on_kill sends it): exit 75,
-    one line, the lease released for the retry at once, and the retry succeeds."""
-    store_dir = Path(root.removeprefix("file://"))
-    prod = run_job("train", f"artifact_root={root}", "run_id=p", "data_interval_start=2026-01-01",
-                   "max_steps=2", "init=base")  # fmt: skip
-    assert prod.returncode == 0, prod.stderr[-3000:]
-    sets = (f"artifact_root={root}", "run_id=p")
-    cmd = [sys.executable, "-m", "embedfresh.jobs.evaluate"]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    lease_file = store_dir / "runs/tiny/p/leases/evaluate.json"
-    deadline = time.monotonic() + 120
-    while not lease_file.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "no lease taken"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == ExitCode.TRANSIENT, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith("evaluate: error: stopped by SIGTERM")
-    assert "Traceback" not in stderr
-    assert not lease_file.exists()
-    assert not (store_dir / "runs/tiny/p/results/evaluate.json").exists()
-    again = run_job("evaluate", *sets)
-    assert again.returncode == 0, again.stderr[-3000:]
+def test_sigterm_anywhere_in_a_job_exits_75_with_one_line_and_frees_the_lease(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM outside the training loop (Airflow's on_kill, Batch stopping a job), in
+    any job run through :func:`embedfresh.core.cli.run_job`: exit 75, one line, the lease
+    released for the retry at once, the previous SIGTERM handler back."""
+    from embedfresh.core.cli import run_job as cli_run_job
+    from embedfresh.core.config import PromoteConfig
+
+    store_dir = tmp_path / "root"
+    seen: dict[str, bool] = {}
+
+    def job(cfg: PromoteConfig) -> dict:
+        store = ArtifactStore(cfg.artifact_root)
+        seen["lease before the first write"] = store.exists("runs/tiny/t/leases/work.json")
+        store.write_bytes("runs/tiny/t/reports/partial.json", b"{}")
+        seen["lease after it"] = store.exists("runs/tiny/t/leases/work.json")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        seen["ran on"] = True
+        return {}
+
+    previous = signal.getsignal(signal.SIGTERM)
+    argv = ["--set", f"artifact_root=file://{store_dir}", "--set", "run_id=t"]
+    code = cli_run_job("work", PromoteConfig, job, argv)
+    assert code == ExitCode.TRANSIENT
+    assert seen == {"lease before the first write": False, "lease after it": True}
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == "work: error: stopped by SIGTERM; the retry resumes from what is committed"
+    assert not (store_dir / "runs/tiny/t/leases/work.json").exists()
+    assert (store_dir / "runs/tiny/t/reports/partial.json").exists()
+    assert not (store_dir / "runs/tiny/t/results").exists()
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -17,13 +17,19 @@ from embedfresh.core.storage.schemes import (
     scheme_names,
     unregister_scheme,
 )
-from embedfresh.core.storage.store import ArtifactStore, is_transient, json_bytes
+from embedfresh.core.storage.store import (
+    ArtifactStore,
+    before_first_write,
+    is_transient,
+    json_bytes,
+)
 
 __all__ = [
     "BUILT_IN_SCHEMES",
     "S3_MAX_ATTEMPTS",
     "S3_RETRY_MODE",
     "ArtifactStore",
+    "before_first_write",
     "Scheme",
     "is_transient",
     "json_bytes",

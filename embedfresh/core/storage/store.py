@@ -21,7 +21,7 @@ import functools
 import json
 import logging
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -108,6 +108,21 @@ def _translate_errors(method):
             raise
 
     return wrapper
+
+
+#: Run once, right before the first write a process makes under a root
+#: (:func:`before_first_write`): how a job takes its lease after all its checks.
+_FIRST_WRITE: dict[str, Callable[[], None]] = {}
+
+
+def before_first_write(root: str, callback: Callable[[], None] | None) -> None:
+    """Run ``callback`` once, right before this process's next write under ``root`` (an
+    :attr:`ArtifactStore.root`), whichever store makes it; None cancels it. If it
+    raises, the write does not happen."""
+    if callback is None:
+        _FIRST_WRITE.pop(root, None)
+    else:
+        _FIRST_WRITE[root] = callback
 
 
 class ArtifactStore:
@@ -211,6 +226,7 @@ class ArtifactStore:
     @_translate_errors
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write one object whole: readers see the old object or the new, never a part."""
+        self._before_write()
         self._scheme.write(self.fs, self.path(rel), data)
         self._wrote("write", rel)
 
@@ -219,6 +235,7 @@ class ArtifactStore:
 
     @_translate_errors
     def put_file(self, local_path: str, rel: str) -> None:
+        self._before_write()
         self._scheme.put_file(self.fs, local_path, self.path(rel))
         self._wrote("put", rel)
 
@@ -226,6 +243,7 @@ class ArtifactStore:
     def remove(self, rel: str, recursive: bool = False) -> None:
         path = self.path(rel)
         if self.fs.exists(path):
+            self._before_write()
             self.fs.rm(path, recursive=recursive)
             self._wrote("remove", rel)
 
@@ -246,8 +264,14 @@ class ArtifactStore:
 
         :raises ConflictError: another writer changed the object first.
         """
+        self._before_write()
         self._scheme.write_if_match(self.fs, self.path(rel), data, expected_etag, self.url(rel))
         self._wrote("cas", rel)
+
+    def _before_write(self) -> None:
+        callback = _FIRST_WRITE.pop(self.root, None)
+        if callback is not None:
+            callback()
 
     def _wrote(self, op: str, rel: str) -> None:
         """A fault point of the reliability suite (:mod:`~embedfresh.core.storage.faults`):
