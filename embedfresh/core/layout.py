@@ -9,6 +9,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     runs/{model}/{run_id}/checkpoints/step-00000100/...        + COMMIT written last
     runs/{model}/{run_id}/reports/{kind}.json
     runs/{model}/{run_id}/results/{name}.json                  a job's result record
+    runs/{model}/_index.json                                   run index (derived, for the UI)
     models/{model}/versions/{version}/...                      + COMMIT written last
     models/{model}/registry.json
     embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
@@ -21,12 +22,13 @@ import re
 
 from embedfresh.core.exit_codes import BadInputError
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,199}$")
+# Matched whole (fullmatch): with match() and ``$``, "tiny\n" would pass.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=-]{0,199}")
 
 
 def safe_id(value: str, what: str) -> str:
     """Validate a name used as one path segment (model, run id, version, dataset)."""
-    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
+    if not isinstance(value, str) or not _ID.fullmatch(value) or ".." in value:
         raise BadInputError(
             f"invalid {what} {value!r}: use letters, digits and . _ : + = - "
             "(no '/', no '..', at most 200 characters)"
@@ -52,6 +54,12 @@ def part_name(index: int) -> str:
 
 def run_dir(model: str, run_id: str) -> str:
     return f"runs/{safe_id(model, 'model')}/{safe_id(run_id, 'run id')}"
+
+
+def run_index(model: str) -> str:
+    """The model's run index (:mod:`embedfresh.core.run_index`): derived from the reports,
+    read by the web UI in one request. Its name starts with ``_``, never a valid run id."""
+    return f"runs/{safe_id(model, 'model')}/_index.json"
 
 
 def checkpoints(model: str, run_id: str) -> str:
