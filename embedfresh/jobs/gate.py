@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from embedfresh.core import layout
+from embedfresh.core import layout, run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EvaluateConfig, GateConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
@@ -137,6 +137,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         },
         started,
     )
+    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the gate
     log.info("gate %s: %s", result.verdict, result.reason)
     if not result.passed:
         raise GateRefusedError(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from embedfresh.core import layout
+from embedfresh.core import layout, run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import PromoteConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
@@ -68,6 +68,7 @@ def promote(cfg: PromoteConfig) -> dict[str, Any]:
         )
     else:
         log.info("production of %s moved from %s to %s", cfg.model, move.previous, candidate)
+    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
     return move.summary(registry.url)
 
 

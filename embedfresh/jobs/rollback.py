@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from embedfresh.core import run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import RollbackConfig
 from embedfresh.core.registry import Registry
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 def rollback(cfg: RollbackConfig) -> dict[str, Any]:
     """Roll the model's production back to an earlier production version."""
-    registry = Registry(ArtifactStore(cfg.artifact_root), cfg.model)
+    store = ArtifactStore(cfg.artifact_root)
+    registry = Registry(store, cfg.model)
     move = registry.rollback(
         cfg.to_version, who=cfg.who, why=cfg.reason, details={"run_id": cfg.run_id}
     )
@@ -45,6 +47,7 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
             cfg.who,
             cfg.reason,
         )
+    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
     return {**move.summary(registry.url), "who": cfg.who, "why": cfg.reason}
 
 

@@ -1,9 +1,10 @@
 """The plugin's FastAPI app: the "Model quality" page and its JSON endpoints.
 
 Mounted by the api-server under :data:`~embedfresh.plugins.model_quality.settings.URL_PREFIX`.
-Every route requires a user the api-server's auth manager accepts (the JWT cookie the
-Airflow login sets, or an ``Authorization: Bearer`` token) and who may see the Airflow
-website; ids in URLs are checked with :func:`embedfresh.core.layout.safe_id` before they reach the
+Every route, the OpenAPI schema included (FastAPI's own docs routes are off: they
+ignore app-level dependencies), requires a user the api-server's auth manager accepts
+(the JWT cookie the Airflow login sets, or an ``Authorization: Bearer`` token) and who
+may see the Airflow website; ids in URLs are checked with :func:`embedfresh.core.layout.safe_id` before they reach the
 store; errors come back as a message (HTML for the page, JSON for ``/api``), never as
 a stack trace. The endpoints are documented in docs/UI.md.
 """
@@ -90,6 +91,13 @@ def create_app(root: str | None = None) -> FastAPI:
         title="Model quality",
         description="Registry, gate decisions, curves, health, compile cache and embeddings.",
         dependencies=[Depends(authorized_user)],
+        # FastAPI's own docs routes ignore the app's dependencies: they would answer
+        # without login. The schema is served below as an ordinary, authenticated route;
+        # the interactive docs (Swagger UI, ReDoc) would load scripts from a CDN, so
+        # they are off.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.artifact_root = root
 
@@ -127,9 +135,8 @@ def create_app(root: str | None = None) -> FastAPI:
 
     @app.get("/chart.svg", summary="The latest candidate's evaluation curve as SVG")
     def chart(store: Store, model: str) -> Response:
-        section = reports.guarded(
-            "evaluation curve", lambda: reports.latest_curve(store, _model(model))
-        )
+        model = _model(model)  # an invalid id is 400, not "no chart"
+        section = reports.guarded("evaluation curve", lambda: reports.latest_curve(store, model))
         if not section.available:
             raise HTTPException(status_code=404, detail=section.message)
         return Response(curve_chart(section.data), media_type="image/svg+xml")
@@ -174,6 +181,10 @@ def create_app(root: str | None = None) -> FastAPI:
                 f"({store.url(layout.report(model, run_id, 'gate'))})",
             )
         return doc
+
+    @app.get("/openapi.json", summary="The OpenAPI schema of these endpoints")
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
 
     return app
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from embedfresh.core import layout, markers
+from embedfresh.core import layout, markers, run_index
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
@@ -159,43 +159,74 @@ def registry(store: ArtifactStore, model: str) -> Section:
 # -- gate decisions ------------------------------------------------------------------
 
 
-def _metric_rows(metrics: Any) -> list[dict[str, Any]]:
-    keys = ("metric", "d", "ci_low", "ci_high", "n", "m_cand", "m_ref", "verdict", "reason")
-    if not isinstance(metrics, list):
-        return []
-    return [{k: m.get(k) for k in keys} for m in metrics if isinstance(m, dict)]
+# The rows live with the run index (:mod:`embedfresh.core.run_index`), which stores them.
+_metric_rows = run_index.metric_rows
+decision_row = run_index.decision_row
 
 
-def _reference_version(reference: Any) -> str | None:
-    if isinstance(reference, dict):
-        return reference.get("version")
-    return reference if isinstance(reference, str) else None
+@dataclass
+class Runs:
+    """What the page knows of a model's runs, per report kind (``gate``, ``health``,
+    ``compile``): (run id, row) pairs in the shapes of :mod:`embedfresh.core.run_index`.
+
+    From the run index when the model has one (one read, whatever the number of runs),
+    else from every run's reports (:func:`runs_of`).
+    """
+
+    rows: dict[str, list[tuple[str, dict]]]
+    problems: dict[str, list[str]]
+    source: str
+    """``index`` or ``reports``."""
+    gate_docs: dict[str, dict] = field(default_factory=dict)
+    """Whole gate reports by run id, when they were read (no index)."""
 
 
-def decision_row(run_id: str, gate: dict[str, Any]) -> dict[str, Any]:
-    """The fields the page and the API show for one gate.json."""
-    candidate = gate.get("candidate") if isinstance(gate.get("candidate"), dict) else {}
-    return {
-        "run_id": gate.get("run_id") or run_id,
-        "dag_id": gate.get("dag_id"),
-        "verdict": gate.get("verdict"),
-        "mode": gate.get("mode"),
-        "tolerance": gate.get("tolerance"),
-        "confidence": gate.get("confidence"),
-        "n": gate.get("n_examples"),
-        "n_queries": gate.get("n_queries"),
-        "n_needed": gate.get("n_needed"),
-        "candidate": candidate.get("version"),
-        "reference": _reference_version(gate.get("reference")),
-        "reason": gate.get("reason"),
-        "created_at": gate.get("created_at"),
-        "metrics": _metric_rows(gate.get("metrics")),
-    }
+def runs_of(store: ArtifactStore, model: str) -> Runs:
+    """The model's runs from its index, or by reading every report when it has none.
+
+    An index that cannot be used is named in the gate problems and the reports are read
+    one by one instead; a run missing from the index appears once a job updates it (or
+    ``python -m embedfresh.jobs.index_runs`` rebuilds it).
+    """
+    kinds = tuple(run_index.KINDS)
+    problems: dict[str, list[str]] = {k: [] for k in kinds}
+    try:
+        index = run_index.read(store, model)
+    except run_index.RunIndexError as e:
+        index = None
+        problems["gate"].append(f"{e}; reading every run's reports instead")
+    if index is not None:
+        rows: dict[str, list[tuple[str, dict]]] = {k: [] for k in kinds}
+        for run_id, entry in index["runs"].items():
+            if not isinstance(entry, dict):
+                continue
+            for kind in kinds:
+                if isinstance(entry.get(kind), dict):
+                    rows[kind].append((run_id, entry[kind]))
+            for problem in entry.get("problems") or []:
+                kind = next((k for k in kinds if f"/reports/{k}.json" in str(problem)), "gate")
+                problems[kind].append(str(problem))
+        return Runs(rows, problems, "index")
+    found = {k: _reports_of(store, model, k, run_index.KINDS[k]) for k in kinds}
+    return Runs(
+        rows={k: [(r, run_index.ROWS[k](r, doc)) for r, doc in found[k][0]] for k in kinds},
+        problems={k: problems[k] + found[k][1] for k in kinds},
+        source="reports",
+        gate_docs=dict(found["gate"][0]),
+    )
 
 
-def decisions(store: ArtifactStore, model: str, gates: Found | None = None) -> Section:
-    found, problems = gates or _reports_of(store, model, "gate", required=GATE_REQUIRED)
-    rows = [decision_row(run_id, doc) for run_id, doc in _newest_first(found)]
+def decisions(
+    store: ArtifactStore, model: str, gates: Found | None = None, *, runs: Runs | None = None
+) -> Section:
+    """Every gate decision of ``model``, newest first (``gates``: reports already read)."""
+    if gates is not None:
+        found, problems = gates
+        rows = [decision_row(run_id, doc) for run_id, doc in _newest_first(found)]
+    else:
+        runs = runs or runs_of(store, model)
+        rows = [row for _, row in _newest_first(runs.rows["gate"])]
+        problems = runs.problems["gate"]
     if not rows:
         return Section(message=f"no gate decision for {model} yet", problems=problems)
     return Section(data=rows, problems=problems)
@@ -221,28 +252,49 @@ def curve(gate: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def latest_curve(store: ArtifactStore, model: str, gates: Found | None = None) -> Section:
-    """The newest gate decision's curve: the latest candidate against its reference."""
-    found, problems = gates or _reports_of(store, model, "gate", required=GATE_REQUIRED)
-    if not found:
+def latest_curve(
+    store: ArtifactStore, model: str, gates: Found | None = None, *, runs: Runs | None = None
+) -> Section:
+    """The newest gate decision's curve: the latest candidate against its reference.
+
+    With the run index, the newest decision comes from it and its gate.json (which holds
+    the curve) is the one report read.
+    """
+    if gates is not None:
+        found, problems = gates
+        docs = dict(found)
+        newest = [(r, decision_row(r, d)) for r, d in found]
+    else:
+        runs = runs or runs_of(store, model)
+        docs, newest, problems = runs.gate_docs, runs.rows["gate"], list(runs.problems["gate"])
+    if not newest:
         return Section(message=f"no gate report for {model} yet", problems=problems)
-    run_id, gate = _newest_first(found)[0]
-    return Section(
-        data={
-            **decision_row(run_id, gate),
-            "tolerance": gate.get("tolerance", 0.001),
-            "points": curve(gate),
-        },
-        problems=problems,
-    )
+    run_id, row = _newest_first(newest)[0]
+    gate = docs.get(run_id)
+    if gate is None:
+        try:
+            gate = gate_report(store, model, run_id)
+        except ReportError as e:
+            problems.append(str(e))
+    if gate is None:  # indexed, then removed or damaged: the index's row still shows
+        gate = {"verdict": row.get("verdict"), "metrics": row.get("metrics")}
+        problems.append(f"the gate report of run {run_id} is gone; its curve shows one point")
+        data = {**row, "points": curve(gate)}
+    else:
+        data = {**decision_row(run_id, gate), "points": curve(gate)}
+    data["tolerance"] = gate.get("tolerance") if "tolerance" in gate else row.get("tolerance")
+    if data["tolerance"] is None:
+        data["tolerance"] = 0.001
+    return Section(data=data, problems=problems)
 
 
 # -- health --------------------------------------------------------------------------
 
 
-def health(store: ArtifactStore, model: str) -> Section:
+def health(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
     """The newest health result per (host, rank), and the newest report's collectives."""
-    found, problems = _reports_of(store, model, "health", required=("verdict",))
+    runs = runs or runs_of(store, model)
+    found, problems = runs.rows["health"], runs.problems["health"]
     if not found:
         return Section(message=f"no health report for {model} yet", problems=problems)
     ordered = _newest_first(found)
@@ -289,9 +341,10 @@ def health(store: ArtifactStore, model: str) -> Section:
 # -- compile cache -------------------------------------------------------------------
 
 
-def compile_cache(store: ArtifactStore, model: str) -> Section:
+def compile_cache(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
     """Committed cache entries with their size, and every compile report's hit or miss."""
-    found, problems = _reports_of(store, model, "compile", required=("key",))
+    runs = runs or runs_of(store, model)
+    found, problems = runs.rows["compile"], runs.problems["compile"]
     history: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run_id, doc in _newest_first(found):
         history.setdefault((str(doc.get("backend")), str(doc.get("key"))), []).append(
@@ -388,18 +441,19 @@ def embeddings(store: ArtifactStore, model: str) -> Section:
 def overview(store: ArtifactStore, model: str) -> dict[str, Section]:
     """Every section of the page for one model, each read on its own.
 
-    The gate reports feed two sections and are read once; if that read fails, each
-    section tries again and reports the failure itself.
+    The runs (the run index, or every run's reports when there is none) feed four
+    sections and are read once; if that read fails, each section tries again and
+    reports the failure itself.
     """
     try:
-        gates: Found | None = _reports_of(store, model, "gate", required=GATE_REQUIRED)
+        runs: Runs | None = runs_of(store, model)
     except Exception:
-        gates = None
+        runs = None
     return {
         "registry": guarded("registry", lambda: registry(store, model)),
-        "decisions": guarded("gate decisions", lambda: decisions(store, model, gates)),
-        "curve": guarded("evaluation curve", lambda: latest_curve(store, model, gates)),
-        "health": guarded("health report", lambda: health(store, model)),
-        "compile_cache": guarded("compile cache", lambda: compile_cache(store, model)),
+        "decisions": guarded("gate decisions", lambda: decisions(store, model, runs=runs)),
+        "curve": guarded("evaluation curve", lambda: latest_curve(store, model, runs=runs)),
+        "health": guarded("health report", lambda: health(store, model, runs=runs)),
+        "compile_cache": guarded("compile cache", lambda: compile_cache(store, model, runs=runs)),
         "embeddings": guarded("embedding runs", lambda: embeddings(store, model)),
     }
