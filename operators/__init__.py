@@ -19,7 +19,13 @@ from embedfresh.operators.gate import QualityGateOperator
 from embedfresh.operators.health import AcceleratorHealthOperator
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.parity import BackendParityOperator
-from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS, PromoteModelOperator, model_asset
+from embedfresh.operators.promote import (
+    MODEL_PROMOTIONS_ALIAS,
+    PromoteAnywayOperator,
+    PromoteModelOperator,
+    RollbackOperator,
+    model_asset,
+)
 from embedfresh.operators.registry import production_version
 from embedfresh.operators.runners import (
     AwsBatchRunner,
@@ -51,9 +57,11 @@ __all__ = [
     "JobResult",
     "JobSpec",
     "LocalRunner",
+    "PromoteAnywayOperator",
     "PromoteModelOperator",
     "QualityGateOperator",
     "ResolveModelVersionOperator",
+    "RollbackOperator",
     "Runner",
     "embeddings_asset",
     "model_asset",

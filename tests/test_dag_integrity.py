@@ -18,6 +18,8 @@ EXPECTED_DAGS = {
     "corpus_embeddings",
     "accelerator_parity",
     "fleet_health",
+    "embedfresh_promote_anyway",
+    "embedfresh_rollback",
 }
 HEAVY_MODULES = ("torch", "torch_xla", "boto3", "transformers", "sentence_transformers")
 

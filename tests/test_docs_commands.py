@@ -80,6 +80,11 @@ NOT_RUN: dict[str, str] = {
         "tests/reliability/test_promotion.py::test_rollback_command_with_a_config_file runs "
         "this command with the rollback.yaml shown"
     ),
+    "python -m embedfresh.jobs.promote_anyway --config promote_anyway.yaml": (
+        "needs a store with committed versions; tests/reliability/test_promotion.py::"
+        "test_promote_anyway_command_with_a_config_file runs this command with the "
+        "promote_anyway.yaml shown"
+    ),
     # docs/UI.md
     "TOKEN=$(curl ": UI_SERVER,
     'curl -s -H "Authorization: Bearer $TOKEN"': UI_SERVER,

@@ -1,8 +1,9 @@
 """The model registry: ``models/{model}/registry.json``, production pointer + history.
 
-The pointer moves only through :meth:`Registry.promote` (a run's gated candidate) and
-:meth:`Registry.rollback` (back to an earlier production version, by a person), both
-through one compare-and-swap on the registry's version tag (a conditional PUT on S3, a
+The pointer moves only through :meth:`Registry.promote` (a run's gated candidate),
+:meth:`Registry.promote_anyway` (a version the gate did not pass, by a person, with a
+reason: the one exception to "only PASS promotes") and :meth:`Registry.rollback` (back
+to an earlier production version, by a person), all through one compare-and-swap on the registry's version tag (a conditional PUT on S3, a
 locked check-and-rename on disk), so two concurrent writers can never both win and a
 failed run never touches it. Before it moves, every file of the target version is
 verified, streamed, against the sizes and sha256 of its COMMIT marker
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 PROMOTE = "promote"
 ROLLBACK = "rollback"
+PROMOTE_ANYWAY = "promote_anyway"
+
+#: What each action is called in messages ("cannot <verb> <model> version <v>").
+_VERBS = {PROMOTE: "promote", PROMOTE_ANYWAY: "promote", ROLLBACK: "roll back to"}
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,41 @@ class Registry:
 
         return self._move(ROLLBACK, version, {**details, "who": who, "why": why}, settled, allowed)
 
+    def promote_anyway(self, version: str, who: str, why: str, details: dict[str, Any]) -> Move:
+        """Point production at ``version`` although no gate passed it: a person's override.
+
+        The one exception to "only PASS promotes", so it takes a ``who`` and a ``why``
+        and the history records ``action: promote_anyway`` with them, the previous
+        version and the time. The version must still be committed and intact (the same
+        verification as every move). Idempotent for the run that did it: production
+        already ``version`` by this ``details["run_id"]`` writes nothing and says
+        ``already``; production already ``version`` by any other move is refused
+        (nothing to override).
+
+        :raises BadInputError: ``version`` is production already, not committed, or
+            damaged; nothing was written.
+        :raises ConflictError: production moved while the override was checking.
+        """
+        run_id = details.get("run_id")
+
+        def settled(production: dict[str, Any]) -> bool:
+            return (
+                run_id is not None
+                and production.get("version") == version
+                and production.get("run_id") == run_id
+                and production.get("action") == PROMOTE_ANYWAY
+            )
+
+        def allowed(doc: dict[str, Any] | None, current: str | None) -> None:
+            if current == version:
+                raise BadInputError(
+                    f"cannot promote {self.model} version {version} anyway: it already is "
+                    f"production (registry {self.url}); nothing to override"
+                )
+
+        moved = {**details, "who": who, "why": why}
+        return self._move(PROMOTE_ANYWAY, version, moved, settled, allowed)
+
     def _move(
         self,
         action: str,
@@ -212,7 +252,7 @@ class Registry:
         allowed(doc, current)
         directory = layout.model_version(self.model, version)
         url = self.store.url(directory)
-        verb = "promote" if action == PROMOTE else "roll back to"
+        verb = _VERBS[action]
         if markers.read_marker(self.store, directory) is None:
             raise BadInputError(
                 f"cannot {verb} {self.model} version {version}: {url} is not committed"

@@ -18,3 +18,11 @@ REFRESH_DAG_ID = "embedding_model_refresh"
 def artifact_root() -> str:
     """The artifact root URL the DAGs use (``file://`` or ``s3://``)."""
     return default_artifact_root()
+
+
+#: The DAGs a person runs to move production by hand (dags/model_overrides.py), by the
+#: action's name: the page offers each only to users who may trigger it.
+OVERRIDE_DAG_IDS = {
+    "promote_anyway": "embedfresh_promote_anyway",
+    "rollback": "embedfresh_rollback",
+}

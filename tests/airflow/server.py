@@ -12,6 +12,7 @@ waits for the group to be gone.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 import shlex
@@ -47,6 +48,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The users of the test Airflow and their roles (SimpleAuthManager's role names).
+ROLES = {"admin": "admin", "viewer": "viewer"}
+
+
+def passwords_file(home: Path) -> Path:
+    """The users' passwords (JSON ``{user: password}``, mode 0600), written once: the
+    auth manager reads it and generates none."""
+    path = home / "passwords.json"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({user: secrets.token_urlsafe(16) for user in ROLES}))
+    return path
+
+
 def server_env(home: Path, artifact_root: str) -> dict[str, str]:
     """Environment of the Airflow components in ``home``: a migrated SQLite database, the
     project's DAGs, free ports on 127.0.0.1, and settings for a 2-core box."""
@@ -70,7 +86,12 @@ def server_env(home: Path, artifact_root: str) -> dict[str, str]:
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
             ),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            # Real users with roles, as a team runs it: an admin and a viewer (who may
+            # look but not trigger); their passwords are in USERS_FILE (mode 0600).
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{user}:{role}" for user, role in ROLES.items()
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file(home)),
             # LocalExecutor starts `parallelism` workers: 32 by default, too many here.
             "AIRFLOW__CORE__PARALLELISM": "2",
             # The DAG files do not change during a test: parse them once.
@@ -93,7 +114,8 @@ class AirflowServer:
         self.env = server_env(home, artifact_root)
         self.base_url = f"http://127.0.0.1:{self.env['AIRFLOW__API__PORT']}"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._token: str | None = None
+        self.passwords: dict[str, str] = json.loads(passwords_file(home).read_text())
+        self._tokens: dict[str, str] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -169,27 +191,40 @@ class AirflowServer:
 
     @property
     def token(self) -> str:
-        # SIMPLE_AUTH_MANAGER_ALL_ADMINS: /auth/token hands out an admin token on a GET.
-        if self._token is None:
-            response = httpx.get(f"{self.base_url}/auth/token", timeout=30)
-            response.raise_for_status()
-            self._token = response.json()["access_token"]
-        return self._token
+        """The admin's token."""
+        return self.token_for("admin")
 
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One REST call; a request the api-server lost to SQLite's single writer lock
-        (500 "Database error": nothing was committed) is sent again, up to 5 times."""
+    def token_for(self, user: str) -> str:
+        """A JWT for ``user`` from the api-server's login endpoint, as a script gets one."""
+        if user not in self._tokens:
+            body = {"username": user, "password": self.passwords[user]}
+            response = httpx.post(f"{self.base_url}/auth/token", json=body, timeout=30)
+            response.raise_for_status()
+            self._tokens[user] = response.json()["access_token"]
+        return self._tokens[user]
+
+    def request(
+        self, method: str, path: str, *, user: str = "admin", **kwargs: Any
+    ) -> httpx.Response:
+        """One REST call as ``user``; a request the api-server lost to SQLite's single
+        writer lock (500 "Database error": nothing was committed) is sent again, up to 5
+        times."""
         for attempt in range(5):
             response = httpx.request(
                 method,
                 f"{self.base_url}/api/v2{path}",
-                headers={"Authorization": f"Bearer {self.token}"},
+                headers={"Authorization": f"Bearer {self.token_for(user)}"},
                 timeout=60,
                 **kwargs,
             )
             if response.status_code != 500 or "Database error" not in response.text:
                 break
             time.sleep(1 + attempt)
+        return response
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One REST call as the admin; its JSON answer. An error status fails the test."""
+        response = self.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
         return response.json() if response.content else None

@@ -27,11 +27,17 @@ import pytest
 
 from embedfresh.core import layout, markers
 from embedfresh.core.cli import run_job as run_in_process
-from embedfresh.core.config import PromoteConfig, RollbackConfig, load_config
+from embedfresh.core.config import (
+    PromoteAnywayConfig,
+    PromoteConfig,
+    RollbackConfig,
+    load_config,
+)
 from embedfresh.core.exit_codes import BadInputError, ConflictError, ExitCode
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.promote import promote
+from embedfresh.jobs.promote_anyway import promote_anyway
 from embedfresh.jobs.rollback import rollback
 from embedfresh.ml.checkpoint import cpu_state_dict
 from embedfresh.ml.model import versions
@@ -329,6 +335,98 @@ def test_rollback_command_with_a_config_file(local, tmp_path):
     entry = json.loads(registry_bytes(local))["history"][-1]
     assert entry["action"] == "rollback" and entry["who"] == who and entry["previous"] == "v2"
     assert "production of tiny rolled back from v2 to v1" in result.stderr
+
+
+# -- promote anyway: a person's override of the gate ------------------------------------
+
+
+def anyway_cfg(store: ArtifactStore, version: str, **kw) -> PromoteAnywayConfig:
+    kw.setdefault("reason", "FAIL is noise on the new eval set; accepted by the team")
+    kw.setdefault("who", "bob")
+    kw.setdefault("run_id", "override-1")
+    return PromoteAnywayConfig(artifact_root=store.root, model=MODEL, version=version, **kw)
+
+
+def test_promote_anyway_moves_production_and_records_who_and_why(store):
+    """No gate report at all for v3: the override still moves production, verified, and
+    the history says who, why and what it replaced; a retry of the same run writes
+    nothing."""
+    promoted(store, ("first", "v1"))
+    summary = promote_anyway(anyway_cfg(store, "v3"))
+    assert summary["production"] == "v3" and summary["previous"] == "v1"
+    assert summary["already"] is False and summary["verified"]["files"] == 3
+    assert summary["who"] == "bob"
+    doc = json.loads(registry_bytes(store))
+    entry = doc["history"][-1]
+    assert entry["action"] == "promote_anyway" and entry["version"] == "v3"
+    assert entry["who"] == "bob" and entry["why"].startswith("FAIL is noise")
+    assert entry["previous"] == "v1" and entry["run_id"] == "override-1"
+    assert dt.datetime.fromisoformat(entry["promoted_at"]).tzinfo is not None
+    assert doc["production"]["action"] == "promote_anyway"
+
+    after = registry_bytes(store)
+    again = promote_anyway(anyway_cfg(store, "v3"))
+    assert again["already"] is True and again["production"] == "v3"
+    assert registry_bytes(store) == after
+
+
+def test_promote_anyway_refuses_damaged_missing_and_current_versions(local):
+    promoted(local, ("first", "v1"))
+    damage(local, "v2", "truncated")
+    before = registry_bytes(local)
+    cases = {
+        "v2": r"cannot promote tiny version v2: .*v2/model\.safetensors is damaged",
+        "nope": r"cannot promote tiny version nope: .* is not committed",
+        # production already, by another move: nothing to override
+        "v1": r"cannot promote tiny version v1 anyway: it already is production",
+    }
+    for version, message in cases.items():
+        with pytest.raises(BadInputError, match=message) as exc:
+            promote_anyway(anyway_cfg(local, version))
+        assert exc.value.exit_code == ExitCode.BAD_INPUT
+    assert registry_bytes(local) == before
+
+
+def test_a_gated_promotion_after_an_override_is_a_conflict(local):
+    """A run gated against v1 must not undo an override that made v3 production."""
+    promoted(local, ("first", "v1"))
+    write_gate(local, "second", "v2", "v1")
+    promote_anyway(anyway_cfg(local, "v3"))
+    with pytest.raises(ConflictError, match="production is 'v3', expected 'v1'"):
+        promote_run(local, "second")
+    assert Registry(local, MODEL).production_version() == "v3"
+    # and the overridden-to version counts as former production for a rollback
+    rollback(rollback_cfg(local, "v1"))
+    assert Registry(local, MODEL).former_production_versions() == ["v3"]
+
+
+def test_promote_anyway_config_needs_a_reason(tmp_path):
+    base = [f"artifact_root=file://{tmp_path}", "version=v1"]
+    for reason in ([], ["reason="], ["reason=  "]):
+        with pytest.raises(BadInputError, match=r"invalid PromoteAnywayConfig: reason"):
+            load_config(PromoteAnywayConfig, None, [*base, *reason])
+
+
+def test_promote_anyway_command_with_a_config_file(local, tmp_path):
+    """The documented command, in a real process: exit 0, a warning in the log."""
+    import subprocess
+
+    promoted(local, ("first", "v1"))
+    config = tmp_path / "promote_anyway.yaml"
+    config.write_text(
+        textwrap.dedent(f"""\
+            artifact_root: {local.root}
+            model: tiny
+            version: v2
+            reason: the gate's FAIL is a known eval-set artefact (ticket 7)
+        """)
+    )
+    cmd = [sys.executable, "-m", "embedfresh.jobs.promote_anyway", "--config", str(config)]
+    result = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True)
+    assert result.returncode == ExitCode.OK, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["production"] == "v2" and summary["previous"] == "v1"
+    assert "moved from v1 to v2 WITHOUT a gate's PASS" in result.stderr
 
 
 # -- verification is streamed --------------------------------------------------------------

@@ -10,6 +10,7 @@ from embedfresh.core.config.embedding import EmbedConfig, ExportConfig
 from embedfresh.core.config.evaluation import (
     EvaluateConfig,
     GateConfig,
+    PromoteAnywayConfig,
     PromoteConfig,
     PublishModelConfig,
     RollbackConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "ParityConfig",
     "PromoteConfig",
     "PublishModelConfig",
+    "PromoteAnywayConfig",
     "RollbackConfig",
     "TrainConfig",
     "load_config",

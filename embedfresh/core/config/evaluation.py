@@ -118,6 +118,31 @@ class RollbackConfig(JobConfig):
         return v.strip()
 
 
+class PromoteAnywayConfig(JobConfig):
+    """Moves the production pointer to a version of ``model`` that no gate passed: a
+    person's override, recorded with who and why."""
+
+    version: str
+    """The version to make production: committed under ``models/{model}/versions/``."""
+    reason: str = Field(min_length=1)
+    """Why the gate is overridden; recorded in the registry's history."""
+    who: str = Field(default_factory=current_operator, min_length=1)
+    """Who overrides, recorded in the registry's history; default: this process's
+    ``user@host`` (the Airflow DAG passes the user who triggered the run)."""
+
+    @field_validator("version")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "version")
+
+    @field_validator("reason", "who")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v.strip()
+
+
 class PublishModelConfig(JobConfig):
     """A team's own model (a sentence-transformers or transformers directory) published
     as a committed, checksummed version of ``model``, the start of its refreshes."""
