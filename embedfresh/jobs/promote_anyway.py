@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from embedfresh.core import run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import PromoteAnywayConfig
 from embedfresh.core.registry import Registry
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 def promote_anyway(cfg: PromoteAnywayConfig) -> dict[str, Any]:
     """Make ``cfg.version`` production of ``cfg.model`` without a gate's PASS."""
-    registry = Registry(ArtifactStore(cfg.artifact_root), cfg.model)
+    store = ArtifactStore(cfg.artifact_root)
+    registry = Registry(store, cfg.model)
     move = registry.promote_anyway(
         cfg.version, who=cfg.who, why=cfg.reason, details={"run_id": cfg.run_id}
     )
@@ -51,6 +53,7 @@ def promote_anyway(cfg: PromoteAnywayConfig) -> dict[str, Any]:
             cfg.who,
             cfg.reason,
         )
+    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
     return {**move.summary(registry.url), "who": cfg.who, "why": cfg.reason}
 
 
