@@ -87,6 +87,11 @@ def reports(model: str, run_id: str) -> str:
     return f"{run_dir(model, run_id)}/reports"
 
 
+def gate_chart(model: str, run_id: str) -> str:
+    """The gate decision's chart, a Vega-Lite spec (:mod:`embedfresh.core.quality_chart`)."""
+    return f"{reports(model, run_id)}/gate.vl.json"
+
+
 def results(model: str, run_id: str) -> str:
     """The run's result records: one per successful job execution (:mod:`embedfresh.core.results`)."""
     return f"{run_dir(model, run_id)}/results"

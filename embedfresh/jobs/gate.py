@@ -5,7 +5,8 @@ held-out examples (the production version, or the baseline before the first
 promotion) with the candidate's recall@10 pool definition, refuses to compare reports
 whose pool definitions differ, decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
 (:mod:`embedfresh.ml.gate.decision`) and writes ``reports/gate.json`` with an SVG of the
-intervals against the tolerance band. Anything but PASS exits with code 3; the
+intervals against the tolerance band and the Vega-Lite chart the web UI shows
+(``reports/gate.vl.json``, :mod:`embedfresh.core.quality_chart`). Anything but PASS exits with code 3; the
 registry is not touched here (:mod:`embedfresh.jobs.promote` moves it, only after a PASS).
 """
 
@@ -15,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from embedfresh.core import layout, run_index
+from embedfresh.core import layout, quality_chart, run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EvaluateConfig, GateConfig
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
@@ -114,28 +115,28 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         cfg.confidence,
         cfg.seed,
     )
-    report_url = publish_decision(
-        store,
-        cfg.model,
-        cfg.run_id,
-        intervals_svg(result),
-        result.to_dict(),
-        {
-            "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
-            "reference": {
-                "version": ref_version,
-                "source": source,
-                "metrics": reference["metrics"],
-            },
-            # The production version this decision was made against: promotion is a
-            # compare-and-swap on it, so a decision against a stale production cannot win.
-            "production_at_decision": production,
-            "n_examples": candidate["n_examples"],
-            "n_queries": candidate["n_queries"],
-            "recall_pool": cand_pool,
-            "curve": [{"step": "final", **result.to_dict()}],
+    details = {
+        "candidate": {"version": cfg.candidate_version, "metrics": candidate["metrics"]},
+        "reference": {
+            "version": ref_version,
+            "source": source,
+            "metrics": reference["metrics"],
         },
-        started,
+        # The production version this decision was made against: promotion is a
+        # compare-and-swap on it, so a decision against a stale production cannot win.
+        "production_at_decision": production,
+        "n_examples": candidate["n_examples"],
+        "n_queries": candidate["n_queries"],
+        "recall_pool": cand_pool,
+        "curve": [{"step": "final", **result.to_dict()}],
+    }
+    # The chart the web UI shows, written before gate.json (the decision stays the last
+    # write): a Vega-Lite spec built from the same numbers.
+    chart_rel = layout.gate_chart(cfg.model, cfg.run_id)
+    store.write_json(chart_rel, quality_chart.gate_chart_spec({**result.to_dict(), **details}))
+    details["chart"] = store.url(chart_rel)
+    report_url = publish_decision(
+        store, cfg.model, cfg.run_id, intervals_svg(result), result.to_dict(), details, started
     )
     run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the gate
     log.info("gate %s: %s", result.verdict, result.reason)

@@ -11,7 +11,10 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from embedfresh.plugins.model_quality.chart import VERDICT_COLOURS, curve_chart
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.plugins.model_quality import banner as banner_data
+from embedfresh.plugins.model_quality import chart as charts
+from embedfresh.plugins.model_quality.chart import VERDICT_COLOURS
 from embedfresh.plugins.model_quality.reports import Section
 from embedfresh.plugins.model_quality.settings import REFRESH_DAG_ID
 
@@ -28,6 +31,12 @@ th { background: #f6f8fa; }
 .problem { color: #cf222e; }
 .verdict { font-weight: bold; }
 nav a { margin-right: 12px; }
+#banner { border: 1px solid #d0d7de; border-left-width: 6px; padding: 8px 14px; margin: 10px 0; }
+#banner p { margin: 4px 0; }
+#banner.verdict-pass { border-left-color: #1a7f37; }
+#banner.verdict-fail { border-left-color: #cf222e; }
+#banner.verdict-inconclusive { border-left-color: #9a6700; }
+.chart svg { max-width: 100%; height: auto; }
 """
 
 NA = '<span class="na">not available</span>'
@@ -131,7 +140,40 @@ def _decisions(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _curve(data: dict[str, Any]) -> str:
+def _chart(make) -> str:
+    """A rendered chart, or why not: a chart failing never fails the page."""
+    try:
+        svg, source = make()
+    except Exception as e:
+        return f'<p class="problem">chart not available: {escape(type(e).__name__)}: {escape(str(e))}</p>'
+    return f'{svg}<p class="na">chart: {escape(source)}</p>'
+
+
+def _banner(b: banner_data.Banner) -> str:
+    verdict = b.verdict or "none"
+    run = f" in {dag_run_link(b.run_id, b.dag_id)}" if b.run_id else ""
+    when = f" at {_v(b.decided_at)}" if b.decided_at else ""
+    return (
+        f'<section id="banner" class="verdict-{escape(verdict.lower())}">'
+        f'<p>Production: <strong id="banner-production">{_v(b.production)}</strong>'
+        f" since {_v(b.since)}</p>"
+        f"<p>Last refresh: {verdict_html(b.verdict) if b.verdict else NA}{run}{when}: "
+        f'<span id="banner-reason">{escape(b.sentence)}</span></p>'
+        f'<p>Last embedding run: <span id="banner-embedding">{escape(b.embedding)}</span></p>'
+        f'<p>Next scheduled refresh: <span id="banner-next">{escape(b.next_refresh)}</span></p>'
+        "</section>"
+    )
+
+
+def _history(rows: list[dict[str, Any]]) -> str:
+    return (
+        '<div id="history-chart" class="chart">'
+        + _chart(lambda: (charts.history_chart(rows), f"{len(rows)} gate decisions, newest mode"))
+        + "</div>"
+    )
+
+
+def _curve(data: dict[str, Any], chart_html: str = "") -> str:
     final = data["points"][-1]["metrics"] if data.get("points") else []
     values = table(
         ["metric", "candidate", "reference", "d", "interval", "verdict"],
@@ -148,7 +190,7 @@ def _curve(data: dict[str, Any]) -> str:
         ],
         "curve-values",
     )
-    return f'<div id="chart">{curve_chart(data)}</div>{values}'
+    return f'<div id="chart" class="chart">{chart_html}</div>{values}'
 
 
 def _checks_cell(checks: list[dict[str, Any]]) -> str:
@@ -207,15 +249,40 @@ def _health(data: dict[str, Any]) -> str:
     )
 
 
+EAGER = "not compiled (eager)"
+
+
+def _eager(history: list[dict[str, Any]]) -> bool:
+    """Every run of the entry ran eagerly: there was nothing to compile, nothing missed."""
+    return bool(history) and all(h.get("mode") == "eager" for h in history)
+
+
 def _compile_cache(entries: list[dict[str, Any]]) -> str:
-    def hits(history: list[dict[str, Any]]) -> str:
-        if not history:
-            return NA
-        return "<br>".join(
-            f"{_v(h.get('run_id'))}: {'hit' if h.get('cache_hit') else 'miss'}"
-            f" ({_v(h.get('graphs'))} graphs, first step {_v(h.get('warm_seconds_to_first_step') if h.get('cache_hit') else h.get('cold_seconds_to_first_step'))} s)"
-            for h in history
+    def one(h: dict[str, Any]) -> str:
+        if h.get("mode") == "eager":
+            return f"{_v(h.get('run_id'))}: {EAGER}"
+        seconds = (
+            h.get("warm_seconds_to_first_step")
+            if h.get("cache_hit")
+            else h.get("cold_seconds_to_first_step")
         )
+        return (
+            f"{_v(h.get('run_id'))}: {'hit' if h.get('cache_hit') else 'miss'}"
+            f" ({_v(h.get('graphs'))} graphs, first step {_v(seconds)} s)"
+        )
+
+    def hits(history: list[dict[str, Any]]) -> str:
+        return "<br>".join(one(h) for h in history) if history else NA
+
+    def committed(e: dict[str, Any]) -> str:
+        if e.get("committed"):
+            return "yes"
+        return EAGER if _eager(e.get("history") or []) else "no"
+
+    def size(e: dict[str, Any]) -> str:
+        if not e.get("committed") and _eager(e.get("history") or []):
+            return EAGER
+        return _v(e.get("size_bytes"))
 
     return table(
         ["backend", "key", "committed", "size (bytes)", "hit/miss history"],
@@ -223,8 +290,8 @@ def _compile_cache(entries: list[dict[str, Any]]) -> str:
             [
                 _v(e.get("backend")),
                 f"<code>{_v(e.get('key'))}</code>",
-                "yes" if e.get("committed") else "no",
-                _v(e.get("size_bytes")),
+                committed(e),
+                size(e),
                 hits(e.get("history") or []),
             ]
             for e in entries
@@ -252,7 +319,26 @@ def _embeddings(runs: list[dict[str, Any]]) -> str:
     )
 
 
-def render_page(model: str, models: list[str], sections: dict[str, Section], root: str) -> str:
+def render_page(
+    model: str,
+    models: list[str],
+    sections: dict[str, Section],
+    root: str,
+    store: ArtifactStore | None = None,
+) -> str:
+    """The page: the banner, then one section each; ``store`` (else one opened on
+    ``root``) serves the newest decision's gate.json and its stored chart."""
+    store = store if store is not None else ArtifactStore(root)
+    row, gate = banner_data.latest_gate(store, model, sections["decisions"])
+    top = _banner(banner_data.build(sections, row, gate, REFRESH_DAG_ID))
+
+    def curve(data: dict[str, Any]) -> str:
+        source = gate if gate is not None and row and row["run_id"] == data.get("run_id") else data
+        chart_html = _chart(
+            lambda: charts.decision_chart(store, model, str(data.get("run_id")), source)
+        )
+        return _curve(data, chart_html)
+
     nav = "".join(
         f'<a href="?model={quote(m, safe="")}">{"<strong>" + escape(m) + "</strong>" if m == model else escape(m)}</a>'
         for m in models
@@ -261,7 +347,10 @@ def render_page(model: str, models: list[str], sections: dict[str, Section], roo
         [
             _section("Registry", sections["registry"], _registry),
             _section("Gate decisions", sections["decisions"], _decisions),
-            _section("Latest candidate vs reference (evaluation curve)", sections["curve"], _curve),
+            _section("Latest candidate vs reference (evaluation curve)", sections["curve"], curve),
+            _section(
+                "History: d per metric across gate decisions", sections["decisions"], _history
+            ),
             _section("Health (latest per host and rank)", sections["health"], _health),
             _section("Compile cache", sections["compile_cache"], _compile_cache),
             _section("Embedding runs", sections["embeddings"], _embeddings),
@@ -269,7 +358,7 @@ def render_page(model: str, models: list[str], sections: dict[str, Section], roo
     )
     return document(
         f"Model quality: {model}",
-        f"<nav>Models: {nav}</nav><p class='na'>artifact store {escape(root)}</p>{body}",
+        f"<nav>Models: {nav}</nav>{top}<p class='na'>artifact store {escape(root)}</p>{body}",
     )
 
 

@@ -1,0 +1,197 @@
+"""The page's banner: is production healthy, and why.
+
+Built from :func:`embedfresh.plugins.model_quality.reports.overview`'s sections plus the
+newest decision's own ``gate.json`` (one read: its metrics carry ``higher_is_better``,
+``n_needed`` and the reference's source) and, inside the request, the refresh DAG's next
+run from Airflow's metadata database. The reason sentence uses the gate report's numbers
+and its sidedness, improvement-signed as the gate judges them
+(:mod:`embedfresh.core.quality_chart`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from embedfresh.core import quality_chart
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.plugins.model_quality import reports
+from embedfresh.plugins.model_quality.reports import Section
+
+log = logging.getLogger(__name__)
+
+MINUS = "\u2212"
+
+
+@dataclass
+class Banner:
+    production: str | None
+    since: str | None
+    run_id: str | None
+    dag_id: str | None
+    verdict: str | None
+    sentence: str
+    decided_at: str | None
+    embedding: str
+    next_refresh: str
+
+
+def signed(value: float) -> str:
+    """+1.02% / −0.52%: a relative difference with its sign (a real minus)."""
+    return f"{value:+.2%}".replace("-", MINUS)
+
+
+def _interval(lo: float, hi: float) -> str:
+    return f"[{signed(lo)}, {signed(hi)}]"
+
+
+def _reference_words(gate: dict[str, Any]) -> str:
+    reference = gate.get("reference")
+    if isinstance(reference, dict):
+        version, source = reference.get("version"), reference.get("source")
+    else:
+        version, source = reference, None
+    if source == "production":
+        return "production"
+    if source == "baseline":
+        return f"the baseline {version}"
+    return f"the reference {version}" if version else "the reference"
+
+
+def _compared(m: dict[str, Any], ref: str) -> str | None:
+    signed_d = quality_chart.improvement(m)
+    if signed_d is None:
+        return None
+    g, lo, hi = signed_d
+    way = "better" if g >= 0 else "worse"
+    return f"{quality_chart.label(m.get('metric'))} is {abs(g):.2%} {way} than {ref} {_interval(lo, hi)}"
+
+
+def verdict_sentence(gate: dict[str, Any]) -> str:
+    """One sentence that says why the gate decided as it did, from its own numbers.
+
+    FAIL names every failing metric, INCONCLUSIVE every undecided one with the eval-set
+    size that would decide, PASS the metric closest to the SLA.
+    """
+    verdict = str(gate.get("verdict"))
+    t = quality_chart.tolerance(gate)
+    two_sided = quality_chart.is_two_sided(gate)
+    ref = _reference_words(gate)
+    sla = (
+        f"parity allows ±{quality_chart.plain_pct(t)}"
+        if two_sided
+        else f"the SLA allows {quality_chart.plain_pct(t)}"
+    )
+    metrics = [m for m in gate.get("metrics") or [] if isinstance(m, dict)]
+    if not metrics:
+        return f"{verdict}: {gate.get('reason') or 'no metric in the report'}"
+    if verdict == "PASS":
+        scored = [(quality_chart.improvement(m), m) for m in metrics]
+        scored = [(s, m) for s, m in scored if s is not None]
+        if not scored:
+            return f"every metric passed; {sla}"
+        if two_sided:
+            (g, lo, hi), m = max(scored, key=lambda sm: max(abs(sm[0][1]), abs(sm[0][2])))
+            what = "the widest interval"
+        else:
+            (g, lo, hi), m = min(scored, key=lambda sm: sm[0][1])
+            what = "the closest to the line"
+        return (
+            f"every metric is within the SLA: {what} is "
+            f"{quality_chart.label(m.get('metric'))} at {signed(g)} {_interval(lo, hi)} "
+            f"against {ref}; {sla}"
+        )
+    deciding = [m for m in metrics if str(m.get("verdict")) == verdict] or metrics
+    parts = []
+    for m in deciding:
+        said = _compared(m, ref)
+        if said is None:  # a metric missing from a side: the gate's own words
+            parts.append(str(m.get("reason") or f"{m.get('metric')} has no interval"))
+            continue
+        if verdict == "INCONCLUSIVE" and m.get("n_needed"):
+            n = int(m["n_needed"])
+            said += (
+                f" (the interval crosses the limit; about {n:,} examples would decide)"
+                if not m.get("n_needed_capped")
+                else " (the estimate sits on the limit: no practical eval set decides)"
+            )
+        parts.append(said)
+    return "; ".join(parts) + f"; {sla}"
+
+
+def next_refresh(dag_id: str) -> str:
+    """When Airflow will create the refresh DAG's next run; "not known" when it cannot say.
+
+    Read from Airflow's metadata database inside the request (the api-server's ORM),
+    imported here: the plugin module is loaded by every component.
+    """
+    try:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            dag = session.get(DagModel, dag_id)
+            if dag is None:
+                return f"not known: {dag_id} is not in Airflow's database"
+            if dag.is_paused:
+                return f"none: {dag_id} is paused"
+            when = dag.next_dagrun_create_after
+            if when is None:
+                return f"none scheduled for {dag_id}"
+            return f"{when.isoformat(timespec='seconds')} ({dag_id})"
+    except Exception as e:  # no database here (unit tests, a CLI): say so, never fail the page
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        log.debug("next run of %s not known", dag_id, exc_info=True)
+        return f"not known ({type(e).__name__}: {first[:120]})"
+
+
+def latest_embedding(section: Section) -> str:
+    if not section.available or not section.data:
+        return section.message or "no embedding run yet"
+    runs = sorted(section.data, key=lambda r: str(r.get("created_at") or ""), reverse=True)
+    r = runs[0]
+    rows = f"{r['rows']:,} rows" if isinstance(r.get("rows"), int) else "rows not known"
+    at = f" at {r['created_at']}" if r.get("created_at") else ""
+    return f"version {r.get('version')} on {r.get('corpus')}: {rows}, {r.get('status')}{at}"
+
+
+def latest_gate(
+    store: ArtifactStore, model: str, decisions: Section
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the newest decision row, its gate.json): the row from the section, the report read."""
+    if not decisions.available or not decisions.data:
+        return None, None
+    row = decisions.data[0]
+    try:
+        gate = reports.gate_report(store, model, str(row["run_id"]))
+    except Exception:
+        log.warning("reading the newest gate report failed", exc_info=True)
+        gate = None
+    return row, gate
+
+
+def build(
+    sections: dict[str, Section],
+    row: dict[str, Any] | None,
+    gate: dict[str, Any] | None,
+    dag_id: str,
+) -> Banner:
+    registry = sections["registry"]
+    prod = (registry.data or {}).get("production") or {} if registry.available else {}
+    if row is None:
+        sentence = sections["decisions"].message or "no gate decision yet"
+    else:
+        # The report itself when readable; else the row (same numbers, fewer fields).
+        sentence = verdict_sentence(gate if gate is not None else row)
+    return Banner(
+        production=prod.get("version"),
+        since=prod.get("promoted_at"),
+        run_id=row.get("run_id") if row else None,
+        dag_id=row.get("dag_id") if row else None,
+        verdict=str(row.get("verdict")) if row else None,
+        sentence=sentence,
+        decided_at=row.get("created_at") if row else None,
+        embedding=latest_embedding(sections["embeddings"]),
+        next_refresh=next_refresh(dag_id),
+    )
