@@ -15,12 +15,16 @@ export PYTHONUNBUFFERED := 1
 # Set only for those two targets: the test suite makes its own throw-away Airflows.
 AIRFLOW_PORT ?= 8080
 DEMO_ROOT := $(CURDIR)/artifacts/demo
-LOCAL_AIRFLOW_HOME := $(CURDIR)/airflow-home
+LOCAL_AIRFLOW_HOME ?= $(CURDIR)/airflow-home
+# The simple auth manager's generated passwords: Airflow opens the file with the process's
+# umask (0644, readable by every local user), so `make airflow` creates it 0600 first.
+PASSWORDS_FILE := $(LOCAL_AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated
 LOCAL_AIRFLOW := AIRFLOW_HOME=$(LOCAL_AIRFLOW_HOME) \
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$(LOCAL_AIRFLOW_HOME)/airflow.db \
+	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$(PASSWORDS_FILE) \
 	EMBEDFRESH_ARTIFACT_ROOT=file://$(DEMO_ROOT) \
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
@@ -41,10 +45,14 @@ demo: $(STAMP)
 
 ## Airflow's web UI with the project's DAGs and plugins on http://127.0.0.1:$(AIRFLOW_PORT),
 ## same AIRFLOW_HOME and artifact root as `make demo` (its runs show up). Ctrl-C stops it.
+## The API server listens on 127.0.0.1 only; the log servers of the scheduler and the
+## triggerer (ports 8793, 8794) listen on every interface: Airflow 3.3 hard-codes their
+## host (README "Local security").
 airflow: $(STAMP)
 	@mkdir -p $(LOCAL_AIRFLOW_HOME)
+	@(umask 077 && touch $(PASSWORDS_FILE)) && chmod 600 $(PASSWORDS_FILE)
 	@echo "Airflow web UI: http://127.0.0.1:$(AIRFLOW_PORT)  login: admin, password printed by standalone"
-	@echo "  below and kept in $(LOCAL_AIRFLOW_HOME)/simple_auth_manager_passwords.json.generated"
+	@echo "  below and kept in $(PASSWORDS_FILE) (mode 0600)"
 	env $(LOCAL_AIRFLOW) \
 	AIRFLOW__API__HOST=127.0.0.1 \
 	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \

@@ -11,8 +11,8 @@ generators, so with dropout the two sides are two different random trainings and
 curves differ by more than the SLA even on one backend (docs/PARITY.md).
 
 Manual only, so the run has no data interval of its own (Airflow 3 gives an unscheduled
-run an empty one): the Param ``day`` names the training partition (``dt=<day>``); its
-default is the first day the embedded demo generates.
+run an empty one): the Param ``day`` names the training partition (``dt=<day>``); empty
+(the default) means the newest partition in the store, looked up when the task starts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from embedfresh.operators import BackendParityOperator
-from embedfresh.operators.params import artifact_root_param, backend_param, model_param
+from embedfresh.operators.params import (
+    DAY_ARG,
+    artifact_root_param,
+    backend_param,
+    day_param,
+    model_param,
+)
 
 with DAG(
     "accelerator_parity",
@@ -43,9 +49,7 @@ with DAG(
             10, type="integer", minimum=1, description="Optimizer steps between evaluations"
         ),
         "epochs": Param(1, type="integer", minimum=1, description="Training epochs"),
-        "day": Param(
-            "2026-01-01", type="string", format="date", description="Training partition (day)"
-        ),
+        "day": day_param(),
         "dropout": Param(
             0.0,
             type="number",
@@ -65,8 +69,7 @@ with DAG(
         backend_b="{{ params.backend_b }}",
         eval_every="{{ params.eval_every }}",
         epochs="{{ params.epochs }}",
-        data_interval_start="{{ params.day }}",
-        data_interval_end="{{ macros.ds_add(params.day, 1) }}",
+        **DAY_ARG,
         job_settings={"dropout": "{{ params.dropout }}"},
         retries=0,
     )

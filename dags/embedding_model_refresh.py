@@ -25,9 +25,15 @@ first (``python -m embedfresh.jobs.generate_data --root <artifact_root>``), then
 
 The schedule is an explicit ``CronDataIntervalTimetable``: with a bare ``"@daily"``
 Airflow 3 uses ``CronTriggerTimetable``, whose runs have an empty data interval
-(start == end), which would leave the training job no partition to read. A run's data
-interval is the day before its run time (for a manual run, before its logical date):
-the run of 2026-01-02 00:00 trains on partition ``dt=2026-01-01``.
+(start == end), which would leave the training job no partition to read. A scheduled
+run's data interval is the day before its run time: the run of 2026-01-02 00:00 trains
+on partition ``dt=2026-01-01`` (so does a manual run given that logical date).
+
+The Param ``day`` (``YYYY-MM-DD``) names the partition of a manual run. Left empty (the
+Trigger form's default, a REST trigger without conf), a manual run without logical
+date trains on the newest ``dt=`` partition in the store, looked up by ``compile`` and
+``train`` when they start; a day the store does not hold fails at once, naming the
+days it holds.
 """
 
 from __future__ import annotations
@@ -48,13 +54,20 @@ from embedfresh.operators import (
     QualityGateOperator,
 )
 from embedfresh.operators.deadline import refresh_deadline_alert
-from embedfresh.operators.params import COMMON_JOB_ARGS, common_params, gate_metrics_param
+from embedfresh.operators.params import (
+    COMMON_JOB_ARGS,
+    DAY_ARG,
+    common_params,
+    day_param,
+    gate_metrics_param,
+)
 
 CORPUS = "products"
 PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"
 # What the compile trial and the training share, so the trial traces the same graphs.
 TRAINING = {
     **COMMON_JOB_ARGS,
+    **DAY_ARG,
     "epochs": "{{ params.epochs }}",
     "nproc_per_node": "{{ params.nproc }}",
 }
@@ -79,6 +92,7 @@ with DAG(
             description="Processes per node for health, compile and train (torchrun)",
         ),
         "gate_metrics": gate_metrics_param(),
+        "day": day_param(),
     },
     tags=["embedfresh"],
 ) as dag:

@@ -10,7 +10,7 @@ place, and what a successful job returned is read from its result record
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,7 +33,46 @@ NO_RETRY_EXIT_CODES: dict[int, str] = {
 }
 
 
-class EmbedfreshJobOperator(BaseOperator):
+class FailFastTemplatesMixin:
+    """Template errors fail the task for good: a Jinja ``UndefinedError`` (a manual run's
+    missing ``data_interval_start``), a syntax error or a filter given the wrong type is
+    the same on every retry, so it raises :class:`AirflowFailException` naming the task,
+    the field and the template, instead of spending the task's retries.
+
+    Hooks ``_do_render_template_fields``: the one method both an operator's own
+    ``render_template_fields`` and a mapped task's (which renders through the unmapped
+    operator's) call. Anything else raised while rendering (an XCom pull that lost the
+    API server) stays retryable.
+    """
+
+    #: Errors of rendering that no retry can cure.
+    TEMPLATE_ERRORS: ClassVar[tuple[type[BaseException], ...]] = (TypeError, ValueError)
+
+    def _do_render_template_fields(
+        self,
+        parent: Any,
+        template_fields: Iterable[str],
+        context: Any,
+        jinja_env: Any,
+        seen_oids: set[int],
+    ) -> None:
+        import jinja2
+
+        try:
+            super()._do_render_template_fields(  # type: ignore[misc]
+                parent, template_fields, context, jinja_env, seen_oids
+            )
+        except AirflowFailException:
+            raise
+        except (jinja2.TemplateError, *self.TEMPLATE_ERRORS) as e:
+            task = getattr(self, "task_id", type(self).__name__)
+            raise AirflowFailException(
+                f"task {task}: a template of {sorted(template_fields)} does not render "
+                f"({type(e).__name__}: {e}); a template or Param error, not retrying"
+            ) from e
+
+
+class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
     """Runs one data-plane job (``python -m embedfresh.jobs.<job_name>``) and returns its summary.
 
     The job is told a result name unique to this task instance and a fresh attempt id
@@ -71,8 +110,9 @@ class EmbedfreshJobOperator(BaseOperator):
         (errors at the door, for a DAG's first task): ``{"corpus": name, "version": name}``,
         either or both; when given, ``model`` is checked too (a preset or a model with a
         production version). Empty: nothing checked (templated).
-    :raises AirflowFailException: exit code 2, 3 or 4 (no retry), or a missing input
-        named by ``check_inputs`` (with what the store holds).
+    :raises AirflowFailException: exit code 2, 3 or 4 (no retry), a missing input
+        named by ``check_inputs`` (with what the store holds), or a template that does
+        not render (:class:`FailFastTemplatesMixin`).
     :raises AirflowException: exit code 75 or any other failure, or an exit 0 without
         this execution's result record (retried per policy).
     """
@@ -148,6 +188,11 @@ class EmbedfreshJobOperator(BaseOperator):
         """Settings this job kind adds to the common ones (override in subclasses)."""
         return {}
 
+    def use_run_context(self, context: Any) -> None:
+        """Read what :meth:`job_specific_settings` needs from the running task's context
+        (the run's data interval, ...), before the job spec is built: called first by
+        :meth:`execute` and :meth:`execute_complete`. Nothing by default."""
+
     def build_job_spec(self, result: ResultTicket | None = None) -> JobSpec:
         """The job's command: settings, environment, processes, and the result ticket."""
         settings = {
@@ -211,6 +256,7 @@ class EmbedfreshJobOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self.use_run_context(context)
         self.verify_inputs()
         ticket = self.result_ticket(context)
         spec = self.build_job_spec(ticket)
@@ -240,6 +286,7 @@ class EmbedfreshJobOperator(BaseOperator):
         :param event: the trigger's event.
         :param result: the result ticket :meth:`execute` deferred with.
         """
+        self.use_run_context(context)
         runner = self.runner
         if not isinstance(runner, DeferrableRunner):
             raise AirflowException(f"{type(runner).__name__} cannot resume a deferred task")

@@ -19,11 +19,11 @@ from embedfresh.operators.assets import (
     EMBEDDINGS_ASSET_URI,
     AssetAnnouncingOperator,
 )
-from embedfresh.operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
 from embedfresh.operators.registry import production_version
 
 
-class ResolveModelVersionOperator(BaseOperator):
+class ResolveModelVersionOperator(FailFastTemplatesMixin, BaseOperator):
     """Returns ``version`` if given, else the registry's production version of ``model``;
     as a DAG's first task it checks them (and ``corpus``, if given) in the store, so a
     name that does not exist fails at once, naming what does.
@@ -70,7 +70,7 @@ class ResolveModelVersionOperator(BaseOperator):
         return version
 
 
-class CorpusShardsOperator(BaseOperator):
+class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
     """Lists a corpus's shard indices in chunks, the input of a mapped embed task.
 
     Returns e.g. ``[[0], [1], [2]]`` (``shards_per_task=1``) or ``[[0, 1], [2]]`` (2).

@@ -7,7 +7,13 @@ fresh checkout (local artifact store, ``tiny`` model, ``cpu``).
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+from collections.abc import Mapping
+from typing import Any
+
 from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowFailException
 
 from embedfresh.core.settings import BACKENDS, MODEL_PRESETS, default_artifact_root
 
@@ -20,6 +26,66 @@ COMMON_JOB_ARGS = {
     "model": "{{ params.model }}",
     "backend": "{{ params.backend }}",
 }
+
+
+#: A ``day`` Param's value: a ``YYYY-MM-DD`` date, or empty.
+DAY_PATTERN = r"^(\d{4}-\d{2}-\d{2})?$"
+
+#: The task argument of operators that read a training partition
+#: (:class:`~embedfresh.operators.IncrementalTrainingOperator` and its kin).
+DAY_ARG = {"day": "{{ params.day }}"}
+
+
+def day_param() -> Param:
+    """The training partition a run reads. Empty (the default): a scheduled run's own data
+    interval, else (a manual run: the Trigger form, a REST trigger without conf) the
+    newest ``dt=`` partition in the store, looked up by the job when it starts, never
+    when the DAG file is parsed."""
+    return Param(
+        "",
+        type="string",
+        pattern=DAY_PATTERN,
+        description="Training partition dt=YYYY-MM-DD; empty: a scheduled run's data "
+        "interval, a manual run's newest partition in the store (read when the run starts)",
+    )
+
+
+def parse_day(value: Any, name: str = "day") -> dt.date | None:
+    """A ``YYYY-MM-DD`` value as a date; empty or None: None.
+
+    :raises AirflowFailException: anything else (``2026-1-3``, ``20260103``,
+        ``2026-02-30``): a bad setting never passes on a retry.
+    """
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return dt.date.fromisoformat(text)
+        except ValueError:
+            pass
+    raise AirflowFailException(
+        f"{name} must be a date YYYY-MM-DD (empty: the newest partition), got {value!r}"
+    )
+
+
+def run_data_interval(context: Mapping[str, Any]) -> tuple[dt.date, dt.date] | None:
+    """The run's own data interval as days, when it has a non-empty one (a scheduled run,
+    or a manual one given a logical date); None for a manual run without logical date
+    (Airflow 3 gives it no data interval) or an empty interval (start == end)."""
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None or not end > start:
+        return None
+    first, last = _utc_day(start), _utc_day(end)
+    return (first, last) if last > first else None
+
+
+def _utc_day(value: Any) -> dt.date:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+        return value.date()
+    return dt.date.fromisoformat(str(value)[:10])
 
 
 def artifact_root_param() -> Param:

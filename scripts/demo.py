@@ -8,7 +8,8 @@ verify, every job a ``python -m embedfresh.jobs.<name>`` process as in productio
 incrementally from the model day 1 promoted. Ends with a short summary: per day the gate
 decision and metrics, the production version, where the embeddings are, compute-hours
 and the estimated cost. Run it with ``make demo``; ``make airflow`` then shows the same
-runs in the web UI (same AIRFLOW_HOME and artifact root).
+runs in the web UI (same AIRFLOW_HOME and artifact root), as a scheduler's runs read: real
+start and end times, and each task's log where the api-server looks for it.
 
 The gate decides day 2 on the demo's 10,000 eval rows because recall@10 is measured over
 a fixed pool of 100 candidates per query (docs/GATE.md); a run whose gate does not PASS
@@ -31,25 +32,96 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DAG_ID = "embedding_model_refresh"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 
 # Runs in a fresh interpreter per day: one dag.test(), its facts written to a JSON file.
+# dag.test() runs each task in this process and logs to the console, and it dates the
+# run's start at its logical date (a run of 2026-01-02 "lasted" months). So that the
+# runs read in the web UI like a scheduler's: each task try's log goes to the file the
+# api-server reads (base_log_folder / log_filename_template, the path a worker writes,
+# as JSON lines, the format the supervisor writes), echoed to the console as text, and
+# the run's start is set to when it really started.
 DAG_RUN = r"""
 import datetime as dt, json, sys
 from airflow.dag_processing.dagbag import DagBag
 
-folder, logical_date, conf, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+folder, dag_id, logical_date, conf, out = sys.argv[1:6]
+conf = json.loads(conf)
+
+
+# A binary stream of JSON log lines: into the running task try's log file, if any, and
+# onto stdout as one plain line each.
+class TaskLogSink:
+
+    def __init__(self):
+        self.file = None
+
+    def write(self, data):
+        if self.file is not None:
+            self.file.write(data)
+        for line in bytes(data).decode(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+                line = " ".join(str(event.get(k, "")) for k in ("timestamp", "level", "logger", "event"))
+            except (ValueError, AttributeError):
+                pass
+            print(line, flush=True)
+        return len(data)
+
+    def flush(self):
+        if self.file is not None:
+            self.file.flush()
+
+
+def write_task_logs_to_files():
+    import airflow.sdk.definitions.dag as dag_module
+    from airflow.sdk._shared.logging import configure_logging
+    from airflow.sdk.log import init_log_file, mask_logs
+    from airflow.utils.helpers import log_filename_template_renderer
+
+    sink = TaskLogSink()
+    configure_logging(json_output=True, log_level="INFO", output=sink,
+                      cache_logger_on_first_use=False, extra_processors=(mask_logs,))
+    render, run_task = log_filename_template_renderer(), dag_module._run_task
+
+    def run_task_logged(*, ti, task, run_triggerer=False):
+        with open(init_log_file(render(ti=ti)), "ab") as sink.file:
+            try:
+                return run_task(ti=ti, task=task, run_triggerer=run_triggerer)
+            finally:
+                sink.file.flush()
+                sink.file = None
+
+    dag_module._run_task = run_task_logged
+
+
 bag = DagBag(dag_folder=folder)
 if bag.import_errors:
     sys.exit(f"DAG import errors: {bag.import_errors}")
-dag = bag.dags["embedding_model_refresh"]
+dag = bag.dags[dag_id]
 # Airflow 3.3.2's dag.test() fails at run success on a DAG with a Deadline Alert (it
 # skips the alert ids the scheduler's copy has); the deadline needs a scheduler anyway.
 dag.deadline = None
+write_task_logs_to_files()
+started = dt.datetime.now(dt.timezone.utc)
 run = dag.test(logical_date=dt.datetime.fromisoformat(logical_date), run_conf=conf)
-tis = run.get_task_instances()
+
+from sqlalchemy import select
+from airflow.models import DagRun
+from airflow.utils.session import create_session
+
+with create_session() as session:
+    dr = session.scalars(select(DagRun).where(DagRun.run_id == run.run_id)).one()
+    dr.start_date = started
+    if dr.queued_at is None or dr.queued_at > started:
+        dr.queued_at = started
+    tis = dr.get_task_instances(session=session)
+    facts = {"run_id": dr.run_id, "state": str(dr.state),
+             "start_date": dr.start_date.isoformat(),
+             "end_date": dr.end_date.isoformat() if dr.end_date else None,
+             "tasks": sorted([t.task_id, t.map_index, str(t.state)] for t in tis)}
 with open(out, "w") as f:
-    json.dump({"run_id": run.run_id, "state": str(run.state),
-               "tasks": sorted([t.task_id, t.map_index, str(t.state)] for t in tis)}, f)
+    json.dump(facts, f)
 """
 
 
@@ -62,12 +134,23 @@ def airflow_env(home: Path, root: str) -> dict[str, str]:
         AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
         AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / PASSWORDS_FILE),
         EMBEDFRESH_ARTIFACT_ROOT=root,
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
     return env
+
+
+def private_passwords_file(home: Path) -> Path:
+    """The simple auth manager's password file in ``home``, created empty with mode 0600
+    (or made 0600): Airflow would create it readable by every local user, and it keeps
+    the mode of a file that exists. ``make airflow`` (same home) does the same."""
+    path = home / PASSWORDS_FILE
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    path.chmod(0o600)
+    return path
 
 
 def run_day(env: dict[str, str], home: Path, day: dt.date, conf: dict) -> dict:
@@ -86,6 +169,7 @@ def run_day(env: dict[str, str], home: Path, day: dt.date, conf: dict) -> dict:
                 "-c",
                 DAG_RUN,
                 str(ROOT / "dags"),
+                DAG_ID,
                 logical.isoformat(),
                 json.dumps(conf),
                 str(facts_path),
@@ -212,6 +296,7 @@ def main() -> None:
     )
 
     home.mkdir(parents=True, exist_ok=True)
+    private_passwords_file(home)
     env = airflow_env(home, root)
     airflow = str(Path(sys.executable).with_name("airflow"))
     print(f"demo: airflow db migrate (AIRFLOW_HOME={home})", flush=True)

@@ -28,6 +28,8 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 DAGS_FOLDER = ROOT / "dags"
 PLUGINS_FOLDER = ROOT / "plugins"
 DB_FILE = "airflow.db"
+#: The simple auth manager's generated passwords (its default name, under AIRFLOW_HOME).
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 
 _template: Path | None = None
 
@@ -45,6 +47,7 @@ def airflow_env(home: Path, artifact_root: str | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / DB_FILE}",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / PASSWORDS_FILE),
     }
     if artifact_root is not None:
         extra["EMBEDFRESH_ARTIFACT_ROOT"] = artifact_root
@@ -70,10 +73,23 @@ def _migrated_template() -> Path:
     return _template
 
 
+def private_passwords_file(home: Path) -> Path:
+    """The password file of ``home``, created empty with mode 0600 if missing (made 0600
+    if not): the simple auth manager opens it with ``open(path, "a+")``, which creates it
+    readable by every local user (0644) and keeps the mode of a file that exists."""
+    path = home / PASSWORDS_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.close(fd)
+    path.chmod(0o600)
+    return path
+
+
 def airflow_home(home: Path, artifact_root: str | None = None) -> dict[str, str]:
-    """Create ``home`` holding a freshly migrated database; returns :func:`airflow_env`."""
+    """Create ``home`` holding a freshly migrated database and a private (0600) password
+    file; returns :func:`airflow_env`."""
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy2(_migrated_template() / DB_FILE, home / DB_FILE)
+    private_passwords_file(home)
     return airflow_env(home, artifact_root)
 
 

@@ -61,7 +61,9 @@ def compile_job(cfg: CompileConfig) -> dict[str, Any]:
     key = cache_key(cfg, backend, mode)
     entry = layout.compile_cache(backend, key)
     # Checked in every mode: a compile step that passes must not hide missing data.
-    day = cfg.data_interval_start or newest_partition(store, cfg.dataset)
+    day = cfg.with_day(
+        partition_days(store, cfg.dataset), store.url(layout.train_partitions(cfg.dataset))
+    ).data_interval_start
     base = {
         "status": "ok",
         "model": cfg.model,
@@ -145,18 +147,6 @@ def trial_config(
         init_version=None,
     )
     return TrainConfig.model_validate(data)
-
-
-def newest_partition(store: ArtifactStore, dataset: str) -> dt.date:
-    """The newest ``dt=`` training partition of ``dataset`` (a misnamed folder is refused
-    as train refuses it, :func:`~embedfresh.ml.data.reader.partition_days`)."""
-    found = partition_days(store, dataset)
-    if not found:
-        raise BadInputError(
-            f"no training partition under {store.url(layout.train_partitions(dataset))}: "
-            "the trial run needs one day of data (generate it or set data_interval_start)"
-        )
-    return found[-1]
 
 
 def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt.date) -> None:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedfresh.core import layout
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import TrainConfig
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.data.reader import partition_days
 from embedfresh.ml.training import TrainingRun
 
 #: The summary printed on stdout: these fields of the report, and its URL.
@@ -36,6 +39,7 @@ SUMMARY_KEYS = (
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train incrementally on one data interval and publish a model version."""
+    cfg = settle_day(cfg)
     # Store, backend, data and plan: every check passes before the first write; leaving
     # the block, normally or by an error, leaves the process group.
     with TrainingRun.open(cfg) as run:
@@ -52,6 +56,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         run.store.write_json(run.report_rel, report)
         run.publish(fitted)
         return summary(report, run.report_url)
+
+
+def settle_day(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its data interval checked against the store's partitions; no
+    interval given: the newest partition, read now (a manual run's empty ``day``)."""
+    store = ArtifactStore(cfg.artifact_root)
+    where = store.url(layout.train_partitions(cfg.dataset))
+    return cfg.with_day(partition_days(store, cfg.dataset), where)
 
 
 def summary(report: dict[str, Any], url: str) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from embedfresh.core.config.base import JobConfig
+from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.layout import safe_id
 
 #: Neuron's training defaults (DESIGN "Backends"); O1 compiles ~86% faster for ~5-7%
@@ -22,8 +24,9 @@ class TrainConfig(JobConfig):
 
     dataset: str = "products"
     """Data set name: trains on ``datasets/{dataset}/train/dt=YYYY-MM-DD/``."""
-    data_interval_start: dt.date
-    """First day of data (inclusive)."""
+    data_interval_start: dt.date | None = None
+    """First day of data (inclusive); None: the newest training partition in the store,
+    read when the job starts (:meth:`with_day`)."""
     data_interval_end: dt.date | None = None
     """Last day of data (exclusive); defaults to the day after the start."""
     epochs: int = Field(default=2, ge=1)
@@ -116,13 +119,72 @@ class TrainConfig(JobConfig):
             object.__setattr__(self, "init", "version")
         return self
 
+    @model_validator(mode="after")
+    def _interval(self) -> TrainConfig:
+        if self.data_interval_start is None and self.data_interval_end is not None:
+            raise ValueError("data_interval_end needs data_interval_start (the first day)")
+        if self.data_interval_start is not None and self.interval_end <= self.data_interval_start:
+            raise ValueError(
+                f"empty data interval: end {self.interval_end} is not after start "
+                f"{self.data_interval_start}"
+            )
+        return self
+
     @property
     def interval_end(self) -> dt.date:
+        if self.data_interval_start is None:
+            raise ValueError("the data interval is not settled yet: call with_day() first")
         return self.data_interval_end or self.data_interval_start + dt.timedelta(days=1)
+
+    def with_day(self, partitions: Sequence[dt.date], where: str) -> TrainConfig:
+        """This config with its data interval settled against the training partitions
+        the store holds (``partitions``, the days of ``where``'s ``dt=`` folders).
+
+        No ``data_interval_start``: the newest partition, one day. A given interval: every
+        day of it must be there. Jobs call it when they start, before their first write,
+        so a manual run's empty day means the newest data at the time the run starts.
+
+        :raises BadInputError: no partition at all, or a day of the interval missing; one
+            line naming what the store holds.
+        """
+        held = sorted(set(partitions))
+        if self.data_interval_start is None:
+            if not held:
+                raise BadInputError(
+                    f"no training partition under {where}: generate the data "
+                    "(python -m embedfresh.jobs.generate_data) or check the dataset name"
+                )
+            return self.model_copy(update={"data_interval_start": held[-1]})
+        day, end = self.data_interval_start, self.interval_end
+        while day < end:
+            if day not in held:
+                raise BadInputError(
+                    f"missing training partition dt={day} under {where}: "
+                    f"{describe_partitions(held)}; name one of those days, or leave the "
+                    "day empty for the newest"
+                )
+            day += dt.timedelta(days=1)
+        return self
 
     @property
     def output_version(self) -> str:
         return self.version or self.run_id
+
+
+def describe_partitions(days: Sequence[dt.date], shown: int = 3) -> str:
+    """What a store holds, in a few words: ``it holds dt=2026-01-01, dt=2026-01-02``, the
+    first and last few of many, or ``it holds none``."""
+    if not days:
+        return "it holds none"
+    names = [f"dt={d}" for d in days]
+    if len(names) <= 2 * shown:
+        return "it holds " + ", ".join(names)
+    return (
+        f"it holds {len(names)}: "
+        + ", ".join(names[:shown])
+        + ", ..., "
+        + ", ".join(names[-shown:])
+    )
 
 
 class ParityConfig(TrainConfig):
@@ -186,7 +248,8 @@ class CompileConfig(TrainConfig):
     so every graph is traced; its cache entry is stored under the compile-cache key."""
 
     data_interval_start: dt.date | None = None
-    """Day of data the trial trains on; None: the newest training partition."""
+    """Day of data the trial trains on; None: the newest training partition (only the
+    first day of an interval is used: the trial needs one day)."""
     trial_steps: int = Field(default=5, ge=2)
     """Training steps of the trial (a checkpoint is saved at ``trial_steps - 1``)."""
     neuron_parallel_compile: str = "neuron_parallel_compile"

@@ -1,0 +1,125 @@
+"""Every DAG triggered as a new user does, through the REST API of the real scheduler
+(the session's server, server.py): ``POST .../dagRuns`` with an empty conf and no
+logical date, which is what the Trigger form sends with its defaults. The runs use the
+Params' defaults, so they read the server's default artifact root, filled here by
+``python -m embedfresh.jobs.generate_data`` (the demo store, at the tests' small sizes).
+
+A manual run without logical date has no data interval: the refresh trains on the
+newest partition, which the jobs look up when they start. The refresh runs first (its
+promotion is the production version that ``corpus_embeddings`` and
+``accelerator_parity`` start from), ``fleet_health`` beside it; then the other two side
+by side, and a refresh given a day the store does not hold, which fails at its first
+try naming the days there are.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.airflow.server import REFRESH, AirflowServer, task_states
+from tests.conftest import DATA, ROOT, job_env
+
+pytestmark = pytest.mark.slow
+
+HEALTH, CORPUS, PARITY = "fleet_health", "corpus_embeddings", "accelerator_parity"
+
+
+def generate_demo_store(root: str) -> None:
+    sizes = {
+        "--train-rows": DATA["train_rows"],
+        "--eval-rows": DATA["eval_rows"],
+        "--corpus-rows": DATA["corpus_rows"],
+        "--corpus-shard-rows": DATA["corpus_shard_rows"],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
+        + [str(x) for kv in sizes.items() for x in kv],
+        cwd=ROOT,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def trigger_with_defaults(server: AirflowServer, dag_id: str, run_id: str) -> dict:
+    """What the Trigger form sends with its defaults: no logical date, an empty conf."""
+    created = server.trigger(dag_id, run_id, None, {})
+    assert created["logical_date"] is None and created["conf"] == {}
+    return created
+
+
+def assert_succeeded(server: AirflowServer, dag_id: str, run_id: str) -> dict[str, str]:
+    run = server.wait_for_run(dag_id, run_id, timeout=600)
+    states = task_states(server.task_instances(dag_id, run_id))
+    assert run["state"] == "success", server.explain(dag_id, run_id)
+    assert set(states.values()) == {"success"}, states
+    return states
+
+
+def test_every_dag_runs_to_success_triggered_with_its_defaults(refresh_dag: AirflowServer):
+    server = refresh_dag
+    root = server.env["EMBEDFRESH_ARTIFACT_ROOT"]
+    generate_demo_store(root)
+    store = Path(root.removeprefix("file://"))
+    for dag_id in (HEALTH, CORPUS, PARITY):
+        server.wait_for_dag(dag_id)
+
+    # A bad day is refused at the door: the Param's pattern, before any run exists.
+    bad = httpx.post(
+        f"{server.base_url}/api/v2/dags/{REFRESH}/dagRuns",
+        headers={"Authorization": f"Bearer {server.token}"},
+        json={"logical_date": None, "conf": {"day": "2026-1-2"}},
+        timeout=60,
+    )
+    assert bad.status_code == 400, bad.text
+
+    trigger_with_defaults(server, REFRESH, "defaults-refresh")
+    # Unpaused after the trigger: fleet_health's own scheduled run queues behind ours.
+    trigger_with_defaults(server, HEALTH, "defaults-health")
+    server.unpause(HEALTH)
+
+    states = assert_succeeded(server, REFRESH, "defaults-refresh")
+    assert [k for k in states if k.startswith("embed[")] == [
+        f"embed[{i}]" for i in range(DATA["corpus_rows"] // DATA["corpus_shard_rows"])
+    ]
+    run_dir = store / "runs/tiny/defaults-refresh"
+    # No logical date, no day: the newest partition, for the trial and the training.
+    train = json.loads((run_dir / "reports/train.json").read_text())
+    assert train["data_interval"] == ["2026-01-02", "2026-01-03"]
+    registry = json.loads((store / "models/tiny/registry.json").read_text())
+    assert registry["production"]["version"] == "defaults-refresh"
+
+    # The two DAGs that start from the production version, side by side; and a refresh
+    # of a day the store does not hold.
+    for dag_id in (CORPUS, PARITY):
+        server.unpause(dag_id)
+        trigger_with_defaults(server, dag_id, f"defaults-{dag_id}")
+    server.trigger(REFRESH, "missing-day", None, {"day": "2026-03-01"})
+
+    assert_succeeded(server, HEALTH, "defaults-health")
+    assert_succeeded(server, CORPUS, f"defaults-{CORPUS}")
+    manifest = store / "embeddings/tiny/defaults-refresh/products/_MANIFEST.json"
+    assert json.loads(manifest.read_text())["rows"] == DATA["corpus_rows"]
+    assert_succeeded(server, PARITY, f"defaults-{PARITY}")
+    gate = json.loads((store / f"runs/tiny/defaults-{PARITY}/reports/gate.json").read_text())
+    assert gate["verdict"] == "PASS"
+
+    # Bad input fails at its first try (compile has a retry to spend), in one line.
+    run = server.wait_for_run(REFRESH, "missing-day", timeout=300)
+    assert run["state"] == "failed"
+    tis = {ti["task_id"]: ti for ti in server.task_instances(REFRESH, "missing-day")}
+    assert tis["health"]["state"] == "success"
+    assert (tis["compile"]["state"], tis["compile"]["try_number"]) == ("failed", 1)
+    assert tis["compile"]["max_tries"] >= 1  # it had retries, and did not use them
+    log = server.task_log(REFRESH, "missing-day", "compile", 1)
+    assert "not retrying" in log
+    assert "missing training partition dt=2026-03-01" in log
+    assert "it holds dt=2026-01-01, dt=2026-01-02" in log
