@@ -297,9 +297,13 @@ def history_chart_spec(
 
 
 def _with_rows(chart: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The spec, validated by altair without its data, then the rows as the named data
-    set (validating a year of rows against the schema took 0.5 s a page)."""
-    spec = chart.to_dict()
+    """The spec with the rows as its named data set.
+
+    Not validated here: altair's JSON-schema check cost 25 ms a chart on every page
+    and the structure is this module's, fixed; tests/test_quality_chart.py validates
+    every shape of spec against the Vega-Lite schema instead.
+    """
+    spec = chart.to_dict(validate=False)
     spec["datasets"] = {DATA: rows}
     return spec
 

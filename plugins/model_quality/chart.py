@@ -9,6 +9,7 @@ same chart built from their ``gate.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -21,15 +22,34 @@ log = logging.getLogger(__name__)
 VERDICT_COLOURS = quality_chart.VERDICT_COLOURS
 
 
-def _svg(spec: dict[str, Any]) -> str:
-    svg = quality_chart.render_svg(spec)
+#: Charts kept per api-server process, keyed by their exact input: the page shows the
+#: same decisions until a new one lands, and building (altair, ~40 ms) plus rendering
+#: (vl-convert, ~50 ms) is most of a page's time.
+CACHED_CHARTS = 32
+
+
+@functools.lru_cache(maxsize=CACHED_CHARTS)
+def _svg_of(spec_json: str) -> str:
+    svg = quality_chart.render_svg(json.loads(spec_json))
     # A class to find the chart by (the browser test, CSS), on vl-convert's root element.
     return svg.replace('class="marks"', 'class="marks quality-chart"', 1)
 
 
+def _svg(spec: dict[str, Any]) -> str:
+    return _svg_of(json.dumps(spec, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=CACHED_CHARTS)
+def _built(kind: str, payload_json: str) -> str:
+    payload = json.loads(payload_json)
+    if kind == "gate":
+        return _svg(quality_chart.gate_chart_spec(payload))
+    return _svg(quality_chart.history_chart_spec(**payload))
+
+
 def curve_chart(curve: dict[str, Any]) -> str:
     """An SVG document for :func:`embedfresh.plugins.model_quality.reports.latest_curve`'s data."""
-    return _svg(quality_chart.gate_chart_spec(curve))
+    return _built("gate", json.dumps(curve, sort_keys=True, default=str))
 
 
 def stored_spec(store: ArtifactStore, model: str, run_id: str) -> dict[str, Any] | None:
@@ -55,7 +75,7 @@ def decision_chart(
         return _svg(spec), store.url(layout.gate_chart(model, run_id))
     if gate is None:
         raise ValueError(f"no chart and no gate report for {model} run {run_id}")
-    return _svg(quality_chart.gate_chart_spec(gate)), "built from gate.json"
+    return _built("gate", json.dumps(gate, sort_keys=True, default=str)), "built from gate.json"
 
 
 def history_chart(decisions: list[dict[str, Any]]) -> str:
@@ -64,8 +84,11 @@ def history_chart(decisions: list[dict[str, Any]]) -> str:
         raise ValueError("no gate decision")
     newest = decisions[0]
     same_mode = [r for r in decisions if r.get("mode") == newest.get("mode")]
-    return _svg(
-        quality_chart.history_chart_spec(
-            same_mode[::-1], quality_chart.tolerance(newest), quality_chart.is_two_sided(newest)
-        )
-    )
+    payload = {
+        "runs": [
+            {"run_id": r.get("run_id"), "metrics": r.get("metrics") or []} for r in same_mode[::-1]
+        ],
+        "t": quality_chart.tolerance(newest),
+        "two_sided": quality_chart.is_two_sided(newest),
+    }
+    return _built("history", json.dumps(payload, sort_keys=True, default=str))
