@@ -10,6 +10,7 @@ reports in the shapes the jobs write; each test gets its own copy to damage.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def test_page_shows_registry_decisions_chart_health_cache_and_embeddings(client:
         in html
     )
     assert "demo-2026-01-01 <span class='na'>(not a DAG run)</span>" in html
-    assert "<svg" in html and 'class="tolerance-band"' in html
+    # vl-convert's SVG of the Vega-Lite chart: the one-sided gate's SLA line, no band.
+    assert 'class="marks quality-chart"' in html and "sla_line_marks" in html
     assert "rank1/allreduce" in html  # the newest health report failed on rank 1
     assert "1 of 2 checks passed" in html and "rank 1 sum off by 3.0" in html
     assert "k0a1b2c3" in html and "kdead" in html
@@ -181,8 +183,9 @@ def test_chart_draws_every_metric_and_the_band(client: TestClient):
     r = client.get("/chart.svg?model=tiny")
     assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
     svg = r.text
-    assert svg.count('class="point"') == 4  # four metrics at the one "final" point
-    assert "+/-0.1% tolerance" in svg and 'class="tolerance-band"' in svg
+    points = re.search(r'<g class="mark-symbol role-mark point_marks"[^>]*>(.*?)</g>', svg)
+    assert points.group(1).count("<path") == 4  # four metrics at the one "final" point
+    assert "SLA line at −0.1%" in svg and "sla_line_marks" in svg  # no_regression: one-sided
 
 
 # -- missing and corrupted reports ---------------------------------------------------
@@ -324,8 +327,9 @@ def test_parity_curve_draws_one_line_per_metric_over_the_steps(client: TestClien
     gate["curve"][1]["metrics"][0]["d"] = 0.0042  # accuracy at step 50 leaves the band
     path.write_text(json.dumps(gate))
     svg = client.get("/chart.svg?model=tiny").text
-    assert svg.count('class="curve"') == 4 and svg.count('class="point"') == 12
-    assert "accuracy at 50: d = +0.420%" in svg
+    # One panel per step, four metrics each, inside the two-sided band.
+    assert svg.count("point_marks") == 3 and svg.count("tolerance_band_marks") == 3
+    assert "parity band ±0.1%" in svg and "sla_line_marks" not in svg
     points = client.get("/api/models/tiny/curve").json()["data"]["points"]
     assert [p["step"] for p in points] == [25, 50, 75]
 

@@ -246,8 +246,12 @@ def test_login_and_model_quality_page_in_chromium(server: str, browser, tmp_path
     assert "products" in embeddings and "verified" in embeddings and " 600 " in f" {embeddings} "
     chart = browser.find_element(By.CSS_SELECTOR, "#chart svg.quality-chart")
     assert chart.size["width"] > 300 and chart.size["height"] > 200
-    assert len(chart.find_elements(By.CSS_SELECTOR, "circle.point")) == 2  # accuracy, auc
-    assert chart.find_elements(By.CSS_SELECTOR, "rect.tolerance-band")
+    # The chart the gate job wrote (reports/gate.vl.json), rendered by vl-convert.
+    assert len(chart.find_elements(By.CSS_SELECTOR, "g.point_marks path")) == 2  # accuracy, auc
+    assert chart.find_elements(By.CSS_SELECTOR, "g.sla_line_marks")
+    assert "gate.vl.json" in browser.find_element(By.ID, "chart").text
+    banner = browser.find_element(By.ID, "banner").text
+    assert f"Production: {RUN_ID}" in banner and "Last refresh: PASS" in banner
     browser.save_screenshot(str(tmp_path / SCREENSHOTS[1]))
     keep = os.environ.get("EMBEDFRESH_SCREENSHOT_DIR")  # pytest prunes old tmp folders
     for name in SCREENSHOTS:

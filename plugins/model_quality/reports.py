@@ -108,9 +108,14 @@ def run_ids(store: ArtifactStore, model: str) -> list[str]:
 
 
 def _reports_of(
-    store: ArtifactStore, model: str, kind: str, required: Iterable[str] = ()
+    store: ArtifactStore,
+    model: str,
+    kind: str,
+    required: Iterable[str] = (),
+    ids: list[str] | None = None,
 ) -> tuple[list[tuple[str, dict]], list[str]]:
-    """(run id, report) for every run with a usable ``kind`` report, plus the problems.
+    """(run id, report) for every run (or each of ``ids``) with a usable ``kind``
+    report, plus the problems.
 
     Runs are read concurrently: on S3 every report is a round trip, and a model gathers
     one run a day.
@@ -123,7 +128,9 @@ def _reports_of(
         except ReportError as e:
             return run_id, None, str(e)
 
-    ids = run_ids(store, model)
+    ids = run_ids(store, model) if ids is None else ids
+    if not ids:
+        return [], []
     with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(ids)))) as pool:
         results = list(pool.map(one, ids))
     found = [(run_id, doc) for run_id, doc, _ in results if doc is not None]
@@ -185,8 +192,9 @@ def runs_of(store: ArtifactStore, model: str) -> Runs:
     """The model's runs from its index, or by reading every report when it has none.
 
     An index that cannot be used is named in the gate problems and the reports are read
-    one by one instead; a run missing from the index appears once a job updates it (or
-    ``python -m embedfresh.jobs.index_runs`` rebuilds it).
+    one by one instead; a run missing from the index (no job has updated it since the
+    run wrote its reports) is read from its reports, so the page is never behind the
+    store; the next index write (or ``python -m embedfresh.jobs.index_runs``) adds it.
     """
     kinds = tuple(run_index.KINDS)
     problems: dict[str, list[str]] = {k: [] for k in kinds}
@@ -206,6 +214,13 @@ def runs_of(store: ArtifactStore, model: str) -> Runs:
             for problem in entry.get("problems") or []:
                 kind = next((k for k in kinds if f"/reports/{k}.json" in str(problem)), "gate")
                 problems[kind].append(str(problem))
+        # Runs the index does not list yet (a fleet_health run, a job killed before its
+        # index write) are read from their reports: one listing, then only those runs.
+        missing = [r for r in run_ids(store, model) if r not in index["runs"]]
+        for kind in kinds if missing else ():
+            found, more = _reports_of(store, model, kind, run_index.KINDS[kind], missing)
+            rows[kind] += [(r, run_index.ROWS[kind](r, doc)) for r, doc in found]
+            problems[kind] += more
         return Runs(rows, problems, "index")
     found = {k: _reports_of(store, model, k, run_index.KINDS[k]) for k in kinds}
     return Runs(
