@@ -14,7 +14,7 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore, sha256_bytes
 
-PART = re.compile(r"^part-(\d{5})\.parquet$")
+PART = re.compile(r"part-(\d{5})\.parquet")
 MANIFEST = "_MANIFEST.json"
 OUTPUT_FORMAT = 2
 """Version of the embedding part's layout (2: ids keep the corpus's type, int64 or string)."""
@@ -29,7 +29,7 @@ def list_parts(store: ArtifactStore, directory: str) -> dict[int, str]:
     """Shard index -> file name of the ``part-NNNNN.parquet`` objects under ``directory``."""
     out = {}
     for name in store.listdir(directory):
-        match = PART.match(name)
+        match = PART.fullmatch(name)
         if match:
             out[int(match.group(1))] = name
     return dict(sorted(out.items()))

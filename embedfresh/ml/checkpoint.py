@@ -34,7 +34,7 @@ from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_STEP_DIR = re.compile(r"step-(\d{8})")
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
@@ -116,7 +116,7 @@ class CheckpointManager:
     def _steps(self) -> list[int]:
         steps = []
         for name in self.store.listdir(self.directory):
-            m = _STEP_DIR.match(name)
+            m = _STEP_DIR.fullmatch(name)
             if m:
                 steps.append(int(m.group(1)))
         return sorted(steps)

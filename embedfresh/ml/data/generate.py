@@ -757,7 +757,7 @@ def _write_examples(store: ArtifactStore, directory: str, table: pa.Table) -> di
     return {"url": store.url(rel), "rows": table.num_rows, "positive_rate": _positive_rate(table)}
 
 
-_PART = re.compile(r"^part-(\d{5})\.parquet$")
+_PART = re.compile(r"part-(\d{5})\.parquet")
 
 
 def _write_corpus(
@@ -771,7 +771,7 @@ def _write_corpus(
         shards.append(store.url(rel))
     # Shards past the new end, left by an earlier larger run, would silently join the corpus.
     for stale in store.listdir(directory):
-        match = _PART.match(stale)
+        match = _PART.fullmatch(stale)
         if match and int(match.group(1)) >= len(shards):
             log.info("removing stale corpus shard %s", store.url(f"{directory}/{stale}"))
             store.remove(f"{directory}/{stale}")

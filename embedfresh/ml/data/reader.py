@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 ROW_KEY = ("query_id", "product_id")
 
 #: A training partition's folder name: ``dt=`` and a zero-padded ISO date.
-_PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+_PARTITION = re.compile(r"dt=(\d{4}-\d{2}-\d{2})")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def partition_days(store: ArtifactStore, dataset: str) -> list[dt.date]:
 
 def _partition_day(name: str) -> dt.date | None:
     """The day of a ``dt=YYYY-MM-DD`` folder name; None for any other name."""
-    match = _PARTITION.match(name)
+    match = _PARTITION.fullmatch(name)
     if match is None:
         return None
     try:
