@@ -7,12 +7,12 @@ reference, times), the health and compile summaries, and the run's moves of the
 production pointer (promotions, rollbacks) from the registry's history.
 
 It is **derived data**, never a source of truth: every entry is rebuilt from the run's
-reports and the registry. The gate, promote and rollback jobs update it after their own
-writes (:func:`record`), by compare-and-swap on its version tag, so concurrent runs each
-add their entry. Each update also repairs what it finds missing or lagging: runs with
-no entry (a job killed between its report and the index, a job that does not write the
-index, such as the health and compile jobs) and runs whose entry was taken before their
-gate reported. An update that fails is logged and does not fail its job: the next
+reports and the registry. The gate, health, promote, promote-anyway and rollback jobs
+update it after their own writes (:func:`record`), by compare-and-swap on its version
+tag, so concurrent runs each add their entry. Each update also repairs what it finds
+missing or lagging: runs with no entry (a job killed between its report and the index,
+a job that does not write the index, such as the compile job) and runs whose entry was
+taken before their gate reported. An update that fails is logged and does not fail its job: the next
 update, or ``python -m embedfresh.jobs.index_runs --root ROOT --model MODEL`` (a rebuild
 from every report), puts it right, and the gate is never retried for it.
 

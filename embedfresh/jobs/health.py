@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from embedfresh.core import layout
+from embedfresh.core import layout, run_index
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import HealthConfig
 from embedfresh.core.exit_codes import BadInputError, UnhealthyError
@@ -117,6 +117,8 @@ def _check_and_report(
     except Exception as e:  # noqa: BLE001
         if ctx.rank != 0:
             raise UnhealthyError(f"rank {ctx.rank} lost rank 0's verdict: {e}") from e
+    if ctx.rank == 0:  # the web UI's index of runs; derived data, never fails the job
+        run_index.record(store, cfg.model, cfg.run_id)
     if result["verdict"] != "PASS":
         raise UnhealthyError(_failure_message(result))
     return result
