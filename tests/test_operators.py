@@ -124,7 +124,7 @@ def test_operators_build_their_jobs_settings():
 def test_defaults_are_templates_and_dict_fields_render_as_json():
     op = IncrementalTrainingOperator(task_id="t", artifact_root="{{ params.artifact_root }}")
     assert op.run_id == "{{ run_id }}"
-    assert op.data_interval_start == "{{ data_interval_start | ds }}"
+    assert op.data_interval_start is None and op.day == ""
     assert op.template_fields_renderers == {
         "job_settings": "json",
         "env": "json",
