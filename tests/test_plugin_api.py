@@ -365,3 +365,35 @@ def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
     assert page.status_code == 200 and "s3://model-quality/prod" in page.text
     assert 'id="production-version">demo-2026-01-01<' in page.text
     assert c.get("/api/models/tiny/runs/..%2F..%2Fother/gate").status_code == 404
+
+
+# -- the two overrides: offered only to users who may trigger their DAGs ---------------
+
+
+@pytest.mark.parametrize(
+    ("role", "offered"),
+    [
+        ("viewer", []),
+        ("user", ["promote_anyway", "rollback"]),
+        ("admin", ["promote_anyway", "rollback"]),
+    ],
+)
+def test_override_links_only_for_users_who_may_trigger_them(auth, store: Path, role, offered):
+    """Asked of Airflow's own auth manager: a viewer may not trigger a DAG (no link), a
+    user or an admin may (links to the override DAGs in the Airflow UI, opened in the top
+    window). The page posts nothing: the links are plain GETs of Airflow's DAG pages."""
+    from embedfresh.plugins.model_quality import create_app
+    from embedfresh.plugins.model_quality.settings import OVERRIDE_DAG_IDS
+
+    c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    c.headers["Authorization"] = f"Bearer {token(auth, role)}"
+    page = c.get("/?model=tiny")
+    assert page.status_code == 200, page.text
+    found = re.findall(
+        r'<a class="override" id="override-([a-z_]+)" target="_top" href="([^"]+)"', page.text
+    )
+    assert [action for action, _ in found] == offered
+    for action, href in found:
+        assert href == f"../dags/{OVERRIDE_DAG_IDS[action]}"
+    assert ('id="overrides"' in page.text) == bool(offered)
+    assert "<form" not in page.text and 'method="post"' not in page.text.lower()

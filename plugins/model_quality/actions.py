@@ -10,10 +10,13 @@ whatever the page shows.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from embedfresh.plugins.model_quality.settings import OVERRIDE_DAG_IDS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,21 @@ OVERRIDES = (
 
 
 def permitted(user: Any) -> list[Override]:
-    """The overrides ``user`` may trigger, asked of the api-server's auth manager."""
+    """The overrides ``user`` may trigger, asked of the api-server's auth manager (none
+    without a user or outside an api-server)."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import (
         DagAccessEntity,
         DagDetails,
     )
 
-    manager = get_auth_manager()
+    if user is None:
+        return []
+    try:
+        manager = get_auth_manager()
+    except RuntimeError as e:  # not inside an api-server: nobody may act from here
+        log.warning("no override offered: %s", e)
+        return []
     return [
         o
         for o in OVERRIDES

@@ -21,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.plugins.model_quality import reports
+from embedfresh.plugins.model_quality import actions, reports
 from embedfresh.plugins.model_quality.chart import curve_chart
 from embedfresh.plugins.model_quality.page import message_page, render_page
 from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root
@@ -57,6 +57,8 @@ def _store(request: Request) -> ArtifactStore:
 
 
 Store = Annotated[ArtifactStore, Depends(_store)]
+#: The request's user (FastAPI resolves the app-wide ``authorized_user`` once per request).
+User = Annotated[Any, Depends(authorized_user)]
 
 
 def _model(model: str) -> str:
@@ -119,7 +121,7 @@ def create_app(root: str | None = None) -> FastAPI:
         return _error(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
 
     @app.get("/", response_class=HTMLResponse, summary="The Model quality page")
-    def page(store: Store, model: str | None = None) -> HTMLResponse:
+    def page(store: Store, user: User, model: str | None = None) -> HTMLResponse:
         names = reports.models(store)
         if model is None:
             if not names:
@@ -131,7 +133,16 @@ def create_app(root: str | None = None) -> FastAPI:
                 )
             model = names[0]
         model = _model(model)
-        return HTMLResponse(render_page(model, names, reports.overview(store, model), store.root))
+        return HTMLResponse(
+            render_page(
+                model,
+                names,
+                reports.overview(store, model),
+                store.root,
+                store=store,
+                overrides=actions.permitted(user),
+            )
+        )
 
     @app.get("/chart.svg", summary="The latest candidate's evaluation curve as SVG")
     def chart(store: Store, model: str) -> Response:

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.plugins.model_quality import banner as banner_data
 from embedfresh.plugins.model_quality import chart as charts
+from embedfresh.plugins.model_quality.actions import Override
 from embedfresh.plugins.model_quality.chart import VERDICT_COLOURS
 from embedfresh.plugins.model_quality.reports import Section
 from embedfresh.plugins.model_quality.settings import REFRESH_DAG_ID
@@ -99,11 +100,13 @@ def _registry(data: dict[str, Any]) -> str:
     rows = [
         [
             _v(h.get("version")),
+            _v(h.get("action", "promote")),
             verdict_html(h.get("verdict")),
             _v(h.get("mode")),
             _v(h.get("reference")),
             _v(h.get("previous")),
             _v(h.get("promoted_at")),
+            _who_why(h),
             dag_run_link(str(h.get("run_id")), h.get("dag_id")) if h.get("run_id") else NA,
         ]
         for h in data.get("history") or []
@@ -113,10 +116,44 @@ def _registry(data: dict[str, Any]) -> str:
         f"</strong>, promoted {_v(prod.get('promoted_at'))} "
         f"(registry <code>{_v(data.get('url'))}</code>)</p>"
         + table(
-            ["version", "verdict", "mode", "reference", "previous", "promoted at", "run"],
+            [
+                "version",
+                "action",
+                "verdict",
+                "mode",
+                "reference",
+                "previous",
+                "moved at",
+                "who, why",
+                "run",
+            ],
             rows,
             "registry",
         )
+    )
+
+
+def _who_why(entry: dict[str, Any]) -> str:
+    """A person's move (promote anyway, roll back) says who and why; a gated one neither."""
+    if not entry.get("who") and not entry.get("why"):
+        return NA
+    return f"{_v(entry.get('who'))}: {_v(entry.get('why'))}"
+
+
+def _overrides(offered: list[Override]) -> str:
+    """Links to the override DAGs the user may trigger; nothing for anyone else."""
+    if not offered:
+        return ""
+    links = "".join(
+        f'<a class="override" id="override-{escape(o.action)}" target="_top" '
+        f'href="../dags/{quote(o.dag_id, safe="")}" title="{escape(o.hint)}">'
+        f"{escape(o.label)}</a> "
+        for o in offered
+    )
+    return (
+        f'<p id="overrides">Act on production: {links}'
+        "<span class='na'>(opens the DAG in Airflow: Trigger, then give the version and a "
+        "reason; recorded in the registry's history with your user name)</span></p>"
     )
 
 
@@ -149,7 +186,7 @@ def _chart(make) -> str:
     return f'{svg}<p class="na">chart: {escape(source)}</p>'
 
 
-def _banner(b: banner_data.Banner) -> str:
+def _banner(b: banner_data.Banner, offered: list[Override]) -> str:
     verdict = b.verdict or "none"
     run = f" in {dag_run_link(b.run_id, b.dag_id)}" if b.run_id else ""
     when = f" at {_v(b.decided_at)}" if b.decided_at else ""
@@ -161,7 +198,7 @@ def _banner(b: banner_data.Banner) -> str:
         f'<span id="banner-reason">{escape(b.sentence)}</span></p>'
         f'<p>Last embedding run: <span id="banner-embedding">{escape(b.embedding)}</span></p>'
         f'<p>Next scheduled refresh: <span id="banner-next">{escape(b.next_refresh)}</span></p>'
-        "</section>"
+        f"{_overrides(offered)}</section>"
     )
 
 
@@ -325,12 +362,15 @@ def render_page(
     sections: dict[str, Section],
     root: str,
     store: ArtifactStore | None = None,
+    overrides: list[Override] | None = None,
 ) -> str:
     """The page: the banner, then one section each; ``store`` (else one opened on
-    ``root``) serves the newest decision's gate.json and its stored chart."""
+    ``root``) serves the newest decision's gate.json and its stored chart; ``overrides``
+    are the override DAGs the user may trigger (:func:`~.actions.permitted`), linked from
+    the banner."""
     store = store if store is not None else ArtifactStore(root)
     row, gate = banner_data.latest_gate(store, model, sections["decisions"])
-    top = _banner(banner_data.build(sections, row, gate, REFRESH_DAG_ID))
+    top = _banner(banner_data.build(sections, row, gate, REFRESH_DAG_ID), overrides or [])
 
     def curve(data: dict[str, Any]) -> str:
         source = gate if gate is not None and row and row["run_id"] == data.get("run_id") else data
