@@ -28,22 +28,11 @@ from pathlib import Path
 import pytest
 
 from tests.airflow_home import AIRFLOW, airflow_home
+from tests.browser import chromium
 from tests.conftest import run_job
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1440,1500",
-)
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"  # the id Airflow gives a manual DAG run
 USER, PASSWORD = "admin", "model-quality-test-password"
 HEALTH = ("collective_sizes=[4096,65536]", "collective_iters=2", "memory_bytes=1048576")
@@ -148,22 +137,8 @@ def server(store: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            pytest.fail(f"{path} is missing: apt-get install -y chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(120)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_unauthenticated_requests_are_refused(server: str):

@@ -93,54 +93,47 @@ def current_operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-class RollbackConfig(JobConfig):
+class PersonsMoveConfig(JobConfig):
+    """What a person's move of the production pointer records: who and why."""
+
+    reason: str = Field(min_length=1)
+    """Why; recorded in the registry's history (required, not blank)."""
+    who: str = Field(default_factory=current_operator, min_length=1)
+    """Who, recorded in the registry's history; default: this process's ``user@host``
+    (the Airflow DAGs pass the user who triggered the run)."""
+
+    @field_validator("reason", "who")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v.strip()
+
+
+class RollbackConfig(PersonsMoveConfig):
     """Moves the production pointer back to an earlier production version of ``model``."""
 
     to_version: str
     """The version to make production again: one that was production before (listed in
     the registry's history)."""
-    reason: str = Field(min_length=1)
-    """Why production is rolled back; recorded in the registry's history."""
-    who: str = Field(default_factory=current_operator, min_length=1)
-    """Who rolls back, recorded in the registry's history; default: this process's
-    ``user@host``."""
 
     @field_validator("to_version")
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "to_version")
 
-    @field_validator("reason", "who")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be blank")
-        return v.strip()
 
-
-class PromoteAnywayConfig(JobConfig):
+class PromoteAnywayConfig(PersonsMoveConfig):
     """Moves the production pointer to a version of ``model`` that no gate passed: a
     person's override, recorded with who and why."""
 
     version: str
     """The version to make production: committed under ``models/{model}/versions/``."""
-    reason: str = Field(min_length=1)
-    """Why the gate is overridden; recorded in the registry's history."""
-    who: str = Field(default_factory=current_operator, min_length=1)
-    """Who overrides, recorded in the registry's history; default: this process's
-    ``user@host`` (the Airflow DAG passes the user who triggered the run)."""
 
     @field_validator("version")
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "version")
-
-    @field_validator("reason", "who")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be blank")
-        return v.strip()
 
 
 class PublishModelConfig(JobConfig):
