@@ -3,11 +3,16 @@ refresh DAG parsed and unpaused through the REST API."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.airflow.server import REFRESH, AirflowServer
+from tests.conftest import DATA, ROOT, job_env
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +21,8 @@ def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow
     AIRFLOW_HOME; its process group is ended at the end of the session, also when a test
     failed."""
     home = tmp_path_factory.mktemp("airflow-server")
-    # The Params' default root: only the scheduler's own runs use it (tests pass theirs).
+    # The Params' default root, which the web UI shows too: runs triggered with the
+    # defaults use it (fixture demo_store fills it); other tests pass their own root.
     server = AirflowServer(home, f"file://{tmp_path_factory.mktemp('default-artifacts')}")
     try:
         yield server.start()
@@ -43,3 +49,30 @@ def refresh_dag(airflow_server: AirflowServer) -> AirflowServer:
         path = f"/dags/{REFRESH}/dagRuns/{run['dag_run_id']}"
         airflow_server.api("PATCH", path, json={"state": "failed"})
     return airflow_server
+
+
+@pytest.fixture
+def demo_store(refresh_dag: AirflowServer) -> AirflowServer:
+    """The server, its default artifact root (the one the Params' defaults and the web
+    UI use) made afresh by ``python -m embedfresh.jobs.generate_data`` at the tests'
+    small sizes: the demo store a new user triggers against, with nothing promoted yet
+    (whatever an earlier test left there is removed first)."""
+    root = refresh_dag.env["EMBEDFRESH_ARTIFACT_ROOT"]
+    shutil.rmtree(Path(root.removeprefix("file://")), ignore_errors=True)
+    sizes = {
+        "--train-rows": DATA["train_rows"],
+        "--eval-rows": DATA["eval_rows"],
+        "--corpus-rows": DATA["corpus_rows"],
+        "--corpus-shard-rows": DATA["corpus_shard_rows"],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
+        + [str(x) for kv in sizes.items() for x in kv],
+        cwd=ROOT,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return refresh_dag

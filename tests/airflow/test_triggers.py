@@ -15,38 +15,17 @@ try naming the days there are.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.airflow.server import REFRESH, AirflowServer, task_states
-from tests.conftest import DATA, ROOT, job_env
+from tests.conftest import DATA
 
 pytestmark = pytest.mark.slow
 
 HEALTH, CORPUS, PARITY = "fleet_health", "corpus_embeddings", "accelerator_parity"
-
-
-def generate_demo_store(root: str) -> None:
-    sizes = {
-        "--train-rows": DATA["train_rows"],
-        "--eval-rows": DATA["eval_rows"],
-        "--corpus-rows": DATA["corpus_rows"],
-        "--corpus-shard-rows": DATA["corpus_shard_rows"],
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
-        + [str(x) for kv in sizes.items() for x in kv],
-        cwd=ROOT,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def trigger_with_defaults(server: AirflowServer, dag_id: str, run_id: str) -> dict:
@@ -64,10 +43,9 @@ def assert_succeeded(server: AirflowServer, dag_id: str, run_id: str) -> dict[st
     return states
 
 
-def test_every_dag_runs_to_success_triggered_with_its_defaults(refresh_dag: AirflowServer):
-    server = refresh_dag
+def test_every_dag_runs_to_success_triggered_with_its_defaults(demo_store: AirflowServer):
+    server = demo_store
     root = server.env["EMBEDFRESH_ARTIFACT_ROOT"]
-    generate_demo_store(root)
     store = Path(root.removeprefix("file://"))
     for dag_id in (HEALTH, CORPUS, PARITY):
         server.wait_for_dag(dag_id)
