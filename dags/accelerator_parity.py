@@ -10,9 +10,9 @@ under ``runs/<model>/<run_id>/reports/gate.{json,svg}``.
 generators, so with dropout the two sides are two different random trainings and the
 curves differ by more than the SLA even on one backend (docs/PARITY.md).
 
-Manual only, so the run has no data interval of its own (Airflow 3 gives an unscheduled
-run an empty one): the Param ``day`` names the training partition (``dt=<day>``); empty
-(the default) means the newest partition in the store, looked up when the task starts.
+Manual only, and a manual run never trains on its data interval (whatever its logical
+date): the Param ``day`` names the training partition (``dt=<day>``); empty (the
+default) means the newest partition in the store, looked up when the task starts.
 """
 
 from __future__ import annotations

@@ -27,13 +27,16 @@ The schedule is an explicit ``CronDataIntervalTimetable``: with a bare ``"@daily
 Airflow 3 uses ``CronTriggerTimetable``, whose runs have an empty data interval
 (start == end), which would leave the training job no partition to read. A scheduled
 run's data interval is the day before its run time: the run of 2026-01-02 00:00 trains
-on partition ``dt=2026-01-01`` (so does a manual run given that logical date).
+on partition ``dt=2026-01-01``; so does a backfill run of that date.
 
-The Param ``day`` (``YYYY-MM-DD``) names the partition of a manual run. Left empty (the
-Trigger form's default, a REST trigger without conf), a manual run without logical
-date trains on the newest ``dt=`` partition in the store, looked up by ``compile`` and
-``train`` when they start; a day the store does not hold fails at once, naming the
-days it holds.
+A manual run (the Trigger form, a REST trigger, ``dag.test()``) never trains on its
+data interval, whatever its logical date (the form sends *now*, whose interval ends at
+a day the store does not hold yet): the Param ``day`` (``YYYY-MM-DD``) names its
+partition, and left empty (the Trigger form's default, a REST trigger without conf)
+the run trains on the newest ``dt=`` partition in the store, looked up by ``compile``
+and ``train`` when they start. A day the store does not hold fails at once, naming the
+days it holds. A scheduled run given ``day`` trains on that day instead of its
+interval.
 """
 
 from __future__ import annotations

@@ -28,22 +28,33 @@ COMMON_JOB_ARGS = {
 }
 
 
-#: A ``day`` Param's value: a ``YYYY-MM-DD`` date, or empty.
+#: A ``day`` Param's value when it is a string: a ``YYYY-MM-DD`` date, or empty.
 DAY_PATTERN = r"^(\d{4}-\d{2}-\d{2})?$"
 
 #: The task argument of operators that read a training partition
-#: (:class:`~embedfresh.operators.IncrementalTrainingOperator` and its kin).
-DAY_ARG = {"day": "{{ params.day }}"}
+#: (:class:`~embedfresh.operators.IncrementalTrainingOperator` and its kin). ``or ''``:
+#: the Param's default (None) renders as empty, never as the string ``"None"``.
+DAY_ARG = {"day": "{{ params.day or '' }}"}
+
+#: Run types whose data interval never names the training partition: Airflow gives a
+#: manual run (the Trigger form, a REST trigger, ``dag.test()``) the data interval
+#: ending at its logical date, which the form sets to *now*: a day the store does not
+#: hold yet.
+MANUAL_RUN_TYPES = frozenset({"manual"})
 
 
 def day_param() -> Param:
-    """The training partition a run reads. Empty (the default): a scheduled run's own data
-    interval, else (a manual run: the Trigger form, a REST trigger without conf) the
-    newest ``dt=`` partition in the store, looked up by the job when it starts, never
-    when the DAG file is parsed."""
+    """The training partition a run reads. Empty (None, the default, or ""): a scheduled
+    or backfill run's own data interval; a manual run's newest ``dt=`` partition in the
+    store, looked up by the job when it starts, never when the DAG file is parsed.
+
+    None rather than "" as the default: the Trigger form takes an empty string field of a
+    ``string`` Param for a missing required value and will not submit. ``pattern``
+    applies to strings only, so None passes and "" (REST callers) still does.
+    """
     return Param(
-        "",
-        type="string",
+        None,
+        type=["null", "string"],
         pattern=DAY_PATTERN,
         description="Training partition dt=YYYY-MM-DD; empty: a scheduled run's data "
         "interval, a manual run's newest partition in the store (read when the run starts)",
@@ -70,14 +81,32 @@ def parse_day(value: Any, name: str = "day") -> dt.date | None:
 
 
 def run_data_interval(context: Mapping[str, Any]) -> tuple[dt.date, dt.date] | None:
-    """The run's own data interval as days, when it has a non-empty one (a scheduled run,
-    or a manual one given a logical date); None for a manual run without logical date
-    (Airflow 3 gives it no data interval) or an empty interval (start == end)."""
+    """The run's own data interval as days, for a run that has one to give: a scheduled or
+    backfill run with a non-empty interval.
+
+    None for a manual run (:data:`MANUAL_RUN_TYPES`, read from ``context["dag_run"]``),
+    whatever its logical date: its interval ends at the moment it was triggered, not at
+    a day of data; None too for a run without data interval or an empty one
+    (start == end). A context without a run type (a task called outside a run) counts
+    as scheduled.
+    """
+    if run_type(context) in MANUAL_RUN_TYPES:
+        return None
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None or not end > start:
         return None
     first, last = _utc_day(start), _utc_day(end)
     return (first, last) if last > first else None
+
+
+def run_type(context: Mapping[str, Any]) -> str | None:
+    """``context["dag_run"].run_type`` as a plain string (``"manual"``, ``"scheduled"``,
+    ``"backfill"``, ...), or None when the context has no run."""
+    run = context.get("dag_run")
+    kind = run.get("run_type") if isinstance(run, Mapping) else getattr(run, "run_type", None)
+    if kind is None:
+        return None
+    return str(getattr(kind, "value", kind))
 
 
 def _utc_day(value: Any) -> dt.date:

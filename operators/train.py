@@ -18,12 +18,16 @@ class IncrementalTrainingOperator(EmbedfreshJobOperator):
     checkpoint on a retry, and publishes model version ``run_id``.
 
     Which days, first match wins: ``data_interval_start`` (and ``data_interval_end``) when
-    given; else ``day``; else the run's own data interval (a scheduled run); else (a
-    manual run without logical date, whose data interval Airflow leaves empty) none, and
-    the job trains on the newest ``dt=`` partition in the store, read when it starts.
-    The job refuses a day the store does not hold (exit 2, naming what it holds).
+    given; else ``day``; else the run's own data interval, for a scheduled or backfill
+    run only; else none, and the job trains on the newest ``dt=`` partition in the
+    store, read when it starts. A manual run (the Trigger form, a REST trigger,
+    ``dag.test()``; ``context["dag_run"].run_type == "manual"``) never uses its data
+    interval, whatever its logical date: the form's default logical date is *now*,
+    whose interval ends today, a day the store does not hold yet. To train a manual run
+    on a given day, give it ``day``. The job refuses a day the store does not hold
+    (exit 2, naming what it holds).
 
-    :param day: one day of data, ``YYYY-MM-DD``; empty: see above (templated).
+    :param day: one day of data, ``YYYY-MM-DD``; empty or None: see above (templated).
     :param data_interval_start: first day of data, ``YYYY-MM-DD``; empty: see above
         (templated).
     :param data_interval_end: day after the last day of data, ``YYYY-MM-DD``; empty: the
@@ -58,6 +62,7 @@ class IncrementalTrainingOperator(EmbedfreshJobOperator):
         self._run_interval: tuple[dt.date, dt.date] | None = None
 
     def use_run_context(self, context: Any) -> None:
+        # None for a manual run: see run_data_interval.
         self._run_interval = run_data_interval(context) if hasattr(context, "get") else None
 
     def data_interval(self) -> tuple[dt.date, dt.date | None] | None:

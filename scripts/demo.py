@@ -1,8 +1,9 @@
 """The embedded demo: ``embedding_model_refresh`` through Airflow, two consecutive days.
 
 Generates the data set into a local artifact folder, prepares a project-local Airflow
-(``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for the
-data intervals of two consecutive days, each in a fresh interpreter: health -> compile
+(``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for two
+consecutive days (each a manual run given its ``day`` Param), each in a fresh
+interpreter: health -> compile
 -> train -> evaluate -> gate -> promote -> embed (one mapped task per corpus shard) ->
 verify, every job a ``python -m embedfresh.jobs.<name>`` process as in production. Day 2 trains
 incrementally from the model day 1 promoted. Ends with a short summary: per day the gate
@@ -154,12 +155,15 @@ def private_passwords_file(home: Path) -> Path:
 
 
 def run_day(env: dict[str, str], home: Path, day: dt.date, conf: dict) -> dict:
-    """``dag.test()`` of the run whose data interval is ``day``; its log goes to a file."""
+    """``dag.test()`` of a run that trains on ``day``; its log goes to a file."""
     logs = home / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path, facts_path = logs / f"{day}.log", logs / f"{day}.json"
-    # A daily run's data interval ends at its logical date: the run of day+1 trains on day.
+    # dag.test() makes a manual run, which never trains on its data interval: the day
+    # goes in the conf. The logical date is the one a scheduled run of that day has
+    # (its interval's end), so the runs sort by day in the web UI.
     logical = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+    conf = {**conf, "day": day.isoformat()}
     print(f"demo: {day}: dag.test() of {DAG_ID} (task logs: {log_path})", flush=True)
     started = time.monotonic()
     with open(log_path, "w") as log:

@@ -138,7 +138,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "epochs": 3,
         "nproc": 1,
         "gate_metrics": ["accuracy", "auc", "log_loss", "recall_at_10"],
-        "day": "",
+        "day": None,  # not "": the Trigger form takes an empty string for a missing value
     }
     assert dag["deadlines"] == [
         {
@@ -218,5 +218,6 @@ def test_accelerator_parity_is_one_task_without_retries(tmp_path: Path):
     )
     assert dag["params"]["backend_a"] == "cpu" and dag["params"]["backend_b"] == "xla"
     assert dag["params"]["init_version"] == ""
-    # A manual run has an empty data interval: the partition is a Param; dropout off.
-    assert dag["params"]["day"] == "" and dag["params"]["dropout"] == 0
+    # A manual run never trains on its data interval: the partition is a Param (None: the
+    # newest); dropout off.
+    assert dag["params"]["day"] is None and dag["params"]["dropout"] == 0

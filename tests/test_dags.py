@@ -251,9 +251,11 @@ def run_dag(
 
 # -- the DAGs' own checks --------------------------------------------------------------
 
-# A daily data interval ends at the logical date of a manual run (Airflow 3): the run of
-# 2026-01-02 00:00 trains on the partition of 2026-01-01, the first generated day.
+# dag.test() makes manual runs, which never train on their data interval: the training
+# DAGs' cases name their day (2026-01-01, the first generated day, not the newest) in the
+# conf. The logical date is the one a scheduled run of that day has.
 DAY2_MIDNIGHT = "2026-01-02T00:00:00+00:00"
+TRAIN_DAY = "2026-01-01"
 SHARDS = DATA["corpus_rows"] // DATA["corpus_shard_rows"]
 
 
@@ -276,8 +278,8 @@ def check_embedding_model_refresh(run: Run) -> None:
     assert json.loads((reports / "compile.json").read_text())["backend"] == "cpu"
     assert facts["xcom"]["health"]["verdict"] == "PASS"
     train = json.loads((reports / "train.json").read_text())
-    # The data interval is the logical day and epochs came from the Param default (3).
-    assert train["data_interval"] == ["2026-01-01", "2026-01-02"]
+    # The data interval is the conf's day and epochs came from the Param default (3).
+    assert train["data_interval"] == [TRAIN_DAY, "2026-01-02"]
     assert facts["xcom"]["train"]["steps"] == 96  # 1024 rows / batch 32 x 3 epochs
     assert facts["xcom"]["train"]["version"] == run_id
     assert json.loads((reports / "gate.json").read_text())["verdict"] == "PASS"
@@ -387,6 +389,11 @@ def check_accelerator_parity(run: Run) -> None:
     gate = json.loads((run.reports / "gate.json").read_text())
     assert gate["verdict"] == "PASS", gate
     assert facts["xcom"]["parity"]["verdict"] == "PASS"
+    # Both sides trained on the conf's day (cpu twice: run ids <run>-cpu-a and -b).
+    for side in ("a", "b"):
+        train = run.artifacts / "runs" / "tiny" / f"{facts['run_id']}-cpu-{side}" / "reports"
+        interval = json.loads((train / "train.json").read_text())["data_interval"]
+        assert interval == [TRAIN_DAY, "2026-01-02"], (side, interval)
 
 
 PINNED = "pinned-v1"
@@ -505,6 +512,7 @@ CASES: dict[str, DagCase] = {
     "embedding_model_refresh": DagCase(
         check_embedding_model_refresh,
         setup=write_data,
+        conf={"day": TRAIN_DAY},
         logical_date=DAY2_MIDNIGHT,
         xcom_tasks=("health", "compile", "train"),
         timeout=400,
@@ -514,7 +522,7 @@ CASES: dict[str, DagCase] = {
     "accelerator_parity": DagCase(
         check_accelerator_parity,
         setup=with_production_v1,
-        conf={"backend_b": "cpu", "epochs": 1, "eval_every": 16},
+        conf={"backend_b": "cpu", "epochs": 1, "eval_every": 16, "day": TRAIN_DAY},
         logical_date=DAY2_MIDNIGHT,
         xcom_tasks=("parity",),
         timeout=400,

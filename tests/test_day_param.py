@@ -1,9 +1,11 @@
 """The ``day`` a run trains on, and template errors that fail at once.
 
-A manual run (the Trigger form, a REST trigger without conf) has no data interval in
-Airflow 3: an empty ``day`` Param then means the newest ``dt=`` partition in the store,
-looked up by the job when it starts; a given day must be ``YYYY-MM-DD`` and be there.
-A template that does not render fails the task without spending its retries.
+A manual run (the Trigger form, a REST trigger, ``dag.test()``) never trains on its data
+interval, whatever its logical date (the form sends *now*): an empty ``day`` Param (None,
+the form's default, or "") means the newest ``dt=`` partition in the store, looked up by
+the job when it starts; a given day must be ``YYYY-MM-DD`` and be there. Scheduled and
+backfill runs train on their data interval. A template that does not render fails the
+task without spending its retries.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pendulum
 import pytest
 from airflow.sdk import DAG
+from airflow.sdk.api.datamodels._generated import DagRun, DagRunState, DagRunType
 from airflow.sdk.exceptions import AirflowFailException
 
 from embedfresh.core.config import CompileConfig, TrainConfig
@@ -25,7 +28,13 @@ from embedfresh.operators import (
     CorpusShardsOperator,
     IncrementalTrainingOperator,
 )
-from embedfresh.operators.params import day_param, parse_day, run_data_interval
+from embedfresh.operators.params import (
+    DAY_ARG,
+    day_param,
+    parse_day,
+    run_data_interval,
+    run_type,
+)
 from tests.airflow_home import DAG_TEST_HELPERS, airflow_home, run_in_airflow
 from tests.conftest import run_job
 
@@ -118,19 +127,54 @@ def _utc(day: dt.date) -> pendulum.DateTime:
     return pendulum.datetime(day.year, day.month, day.day, tz="UTC")
 
 
-SCHEDULED = {"data_interval_start": _utc(DAY1), "data_interval_end": _utc(DAY2)}
-MANUAL: dict = {}  # Airflow 3: a manual run without logical date has no data interval
-EMPTY = {"data_interval_start": _utc(DAY2), "data_interval_end": _utc(DAY2)}  # start == end
+def _context(kind: DagRunType | None, start: dt.date | None, end: dt.date | None) -> dict:
+    """A task's context as the task runner builds it: the run (the SDK's own model) and
+    its data interval; ``kind`` None: no run at all (a task called outside a run)."""
+    interval = {
+        "data_interval_start": start and _utc(start),
+        "data_interval_end": end and _utc(end),
+    }
+    if kind is None:
+        return interval
+    run = DagRun(
+        dag_id="d",
+        run_id=f"{kind.value}__x",
+        logical_date=interval["data_interval_end"],
+        run_after=interval["data_interval_end"] or _utc(DAY2),
+        start_date=None,
+        end_date=None,
+        run_type=kind,
+        state=DagRunState.RUNNING,
+        consumed_asset_events=[],
+        partition_key=None,
+        **interval,
+    )
+    return {"dag_run": run, **interval}
+
+
+SCHEDULED = _context(DagRunType.SCHEDULED, DAY1, DAY2)  # the run of 2026-01-02 00:00
+BACKFILL = _context(DagRunType.BACKFILL, DAY1, DAY2)
+# A manual run given a logical date (the Trigger form's default: now) has the interval
+# that ends there; one without logical date (a REST trigger) has none.
+MANUAL_DATED = _context(DagRunType.MANUAL, DAY1, DAY2)
+MANUAL = _context(DagRunType.MANUAL, None, None)
+EMPTY = _context(DagRunType.SCHEDULED, DAY2, DAY2)  # start == end (a trigger timetable)
+NO_RUN = _context(None, DAY1, DAY2)  # called outside a run: its interval, if any
 
 
 @pytest.mark.parametrize(
     ("day", "context", "expected"),
     [
         ("", SCHEDULED, ("2026-01-01", "2026-01-02")),  # a scheduled run: its data interval
+        ("", BACKFILL, ("2026-01-01", "2026-01-02")),  # so does a backfill run
+        ("", NO_RUN, ("2026-01-01", "2026-01-02")),
         ("", MANUAL, None),  # the job picks the newest partition
+        ("", MANUAL_DATED, None),  # whatever the manual run's logical date
+        (None, MANUAL_DATED, None),
         ("", EMPTY, None),
         ("2026-01-02", SCHEDULED, ("2026-01-02", "2026-01-03")),  # a named day wins
         ("2026-01-02", MANUAL, ("2026-01-02", "2026-01-03")),
+        ("2026-01-01", MANUAL_DATED, ("2026-01-01", "2026-01-02")),
     ],
 )
 @pytest.mark.parametrize(
@@ -145,17 +189,26 @@ def test_the_day_a_job_gets(operator, day, context, expected):
     assert got == (expected or (None, None))
 
 
-def test_explicit_interval_arguments_win_over_day_and_run():
+@pytest.mark.parametrize("context", [SCHEDULED, MANUAL_DATED, MANUAL])
+def test_explicit_interval_arguments_win_over_day_and_run(context):
     op = IncrementalTrainingOperator(
         task_id="t", artifact_root="file:///r", day="2026-01-05",
         data_interval_start="2026-01-01", data_interval_end="2026-01-03",
     )  # fmt: skip
-    op.use_run_context(SCHEDULED)
+    op.use_run_context(context)
     settings = op.build_job_spec().settings
     assert (settings["data_interval_start"], settings["data_interval_end"]) == (
         "2026-01-01",
         "2026-01-03",
     )
+
+
+def test_the_run_type_is_read_from_the_run_in_the_context():
+    assert run_type(MANUAL) == "manual" and run_type(SCHEDULED) == "scheduled"
+    assert run_type(BACKFILL) == "backfill" and run_type(NO_RUN) is None
+    assert run_type({"dag_run": {"run_type": "manual"}}) == "manual"
+    assert run_data_interval(MANUAL_DATED) is None
+    assert run_data_interval(SCHEDULED) == (DAY1, DAY2)
 
 
 @pytest.mark.parametrize("bad", ["2026-1-3", "20260103", "2026-02-30", "yesterday", " "])
@@ -168,9 +221,77 @@ def test_a_day_that_is_not_a_date_fails_the_task_for_good(bad):
 
 def test_the_day_param_takes_a_date_or_nothing():
     param = day_param()
+    # None by default: the Trigger form submits an empty nullable field; "" (REST) too.
+    assert param.resolve() is None and param.resolve(None) is None
     assert param.resolve("") == "" and param.resolve("2026-01-03") == "2026-01-03"
+    assert param.schema["type"] == ["null", "string"]
     with pytest.raises(Exception, match="2026-1-3"):
         param.resolve("2026-1-3")
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"), [(None, ""), ("", ""), ("2026-01-03", "2026-01-03")]
+)
+def test_the_day_arg_renders_an_empty_param_as_empty_never_none(value, rendered):
+    with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
+        op = IncrementalTrainingOperator(task_id="train", artifact_root="file:///r", **DAY_ARG)
+    op.render_template_fields({"params": {"day": value}, "run_id": "r"}, dag.get_template_env())
+    assert op.day == rendered
+    op.use_run_context(MANUAL)
+    assert op.build_job_spec().settings.get("data_interval_start") == (rendered or None)
+
+
+# A real task run: what the training operator of a DAG with the day Param hands its job,
+# read in a task of ``dag.test()`` runs (manual runs) dated 2026-01-02 00:00, whose data
+# interval is [2026-01-01, 2026-01-02): without a day, nothing (the newest partition);
+# with one, that day.
+DAY_DAG = """
+import datetime as dt
+from airflow.sdk import DAG, CronDataIntervalTimetable
+from embedfresh.operators import IncrementalTrainingOperator
+from embedfresh.operators.params import DAY_ARG, day_param
+
+class WhatTheJobGets(IncrementalTrainingOperator):
+    def execute(self, context):
+        self.use_run_context(context)
+        settings = self.build_job_spec().settings
+        return {"run_type": str(context["dag_run"].run_type.value),
+                "interval": [str(context["data_interval_start"]), str(context["data_interval_end"])],
+                "start": settings.get("data_interval_start"), "end": settings.get("data_interval_end")}
+
+with DAG("day_rule", schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
+         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), catchup=False,
+         params={"day": day_param()}):
+    WhatTheJobGets(task_id="train", artifact_root="file:///r", **DAY_ARG)
+"""
+
+RUN_DAY_DAG = (
+    DAG_TEST_HELPERS
+    + r"""
+dag = load_dag(sys.argv[1], "day_rule")
+got = []
+for hour, conf in ((0, {}), (1, {"day": "2026-01-01"})):
+    run = dag.test(logical_date=dt.datetime(2026, 1, 2, hour, tzinfo=dt.UTC), run_conf=conf)
+    facts = run_facts(run, ["train"])
+    assert facts["state"] == "success", facts
+    got.append(facts["xcom"]["train"])
+print(json.dumps(got))
+"""
+)
+
+
+@pytest.mark.slow
+def test_a_manual_run_trains_on_its_day_or_the_newest_never_its_interval(tmp_path: Path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "day_rule.py").write_text(DAY_DAG)
+    env = airflow_home(tmp_path / "airflow-home", f"file://{tmp_path / 'store'}")
+    env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    (no_day, given), output = run_in_airflow(RUN_DAY_DAG, env, str(dags), timeout=300)
+    assert no_day["run_type"] == given["run_type"] == "manual", output
+    assert no_day["interval"][0].startswith("2026-01-01"), no_day  # it has an interval...
+    assert (no_day["start"], no_day["end"]) == (None, None), no_day  # ...and ignores it
+    assert (given["start"], given["end"]) == ("2026-01-01", "2026-01-02"), given
 
 
 def test_a_data_interval_is_read_in_utc_days():

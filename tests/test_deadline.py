@@ -35,7 +35,8 @@ def test_a_run_past_its_deadline_records_the_breach(tmp_path: Path):
     try:
         server.start()
         assert server.wait_for_dag(REFRESH)["is_paused"] is True
-        run = server.trigger(REFRESH, RUN_ID, "2026-01-02T00:00:00Z", {"artifact_root": root})
+        conf = {"artifact_root": root, "day": "2026-01-01"}  # a manual run's day: its conf
+        run = server.trigger(REFRESH, RUN_ID, "2026-01-02T00:00:00Z", conf)
         assert run["state"] == "queued"
 
         record_path = artifacts / "runs" / "tiny" / RUN_ID / "reports" / "deadline.json"

@@ -49,6 +49,10 @@ def test_demo_runs_the_dag_for_two_days_and_day_two_trains_incrementally(tmp_pat
     )
     assert day1["state"] == "success", output
     runs = folder / "runs" / "tiny"
+    # Each run is given its day (a manual run never trains on its data interval): day 1
+    # trains on dt=2026-01-01 although the store already holds dt=2026-01-02.
+    train1 = json.loads((runs / day1["run_id"] / "reports" / "train.json").read_text())
+    assert train1["data_interval"] == ["2026-01-01", "2026-01-02"]
     train2 = json.loads((runs / day2["run_id"] / "reports" / "train.json").read_text())
     assert train2["init"]["source"] == "production"
     assert train2["init"]["version"] == day1["run_id"]

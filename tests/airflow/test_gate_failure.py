@@ -57,8 +57,10 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     flip_labels(store, DAY2)
 
     run_id = "bad-partition"
-    # Logical date 2026-01-03: the data interval is 2026-01-02, the flipped partition.
-    server.trigger(REFRESH, run_id, "2026-01-03T00:00:00Z", {"artifact_root": root})
+    # A manual run trains on its conf's day: 2026-01-02, the flipped partition.
+    server.trigger(
+        REFRESH, run_id, "2026-01-03T00:00:00Z", {"artifact_root": root, "day": str(DAY2)}
+    )
     run = server.wait_for_run(REFRESH, run_id)
     tis = server.task_instances(REFRESH, run_id)
     states = task_states(tis)
@@ -77,6 +79,8 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     refused = "embedfresh.jobs.gate failed with exit code 3 (quality gate refused the model), not retrying"
     assert f"AirflowFailException: {refused}" in log, log
 
+    train = store.read_json(layout.report("tiny", run_id, "train"))
+    assert train["data_interval"] == [str(DAY2), "2026-01-03"]
     gate = store.read_json(layout.report("tiny", run_id, "gate"))
     assert gate["verdict"] == "FAIL"
     assert gate["reference"]["version"] == "production-run"

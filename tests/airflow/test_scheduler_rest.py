@@ -28,9 +28,13 @@ def test_triggered_refresh_runs_to_success_through_the_rest_api(
     server = refresh_dag
     assert server.api("GET", f"/dags/{REFRESH}")["is_paused"] is False
     run_id = "rest-trigger"
-    # Logical date 2026-01-02: the daily data interval is 2026-01-01, the first generated day.
+    # A manual run never trains on its data interval: the conf's day names the partition,
+    # 2026-01-01, the first generated day (not the newest, 2026-01-02).
     created = server.trigger(
-        REFRESH, run_id, "2026-01-02T00:00:00Z", {"artifact_root": root, "epochs": 3}
+        REFRESH,
+        run_id,
+        "2026-01-02T00:00:00Z",
+        {"artifact_root": root, "epochs": 3, "day": "2026-01-01"},
     )
     assert created["dag_run_id"] == run_id and created["conf"]["epochs"] == 3
 

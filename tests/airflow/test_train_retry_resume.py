@@ -46,8 +46,11 @@ def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
     artifacts = Path(root.removeprefix("file://"))
     checkpoints = artifacts / "runs/tiny" / run_id / "checkpoints"
     report = artifacts / "runs/tiny" / run_id / "reports/train.json"
-    # 3 epochs (the Param default) of 32 steps: one checkpoint, at step 50 of 96.
-    server.trigger(REFRESH, run_id, "2026-01-02T12:00:00Z", {"artifact_root": root})
+    # 3 epochs (the Param default) of 32 steps: one checkpoint, at step 50 of 96. A manual
+    # run trains on its conf's day, never on its data interval.
+    server.trigger(
+        REFRESH, run_id, "2026-01-02T12:00:00Z", {"artifact_root": root, "day": "2026-01-01"}
+    )
 
     committed = server.wait_for(
         lambda: sorted(checkpoints.glob("step-*/COMMIT")), 240, "a committed checkpoint", 0.05
@@ -71,6 +74,7 @@ def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
     assert states[1] != "success" and states[2] == "success", states
 
     train = json.loads(report.read_text())
+    assert train["data_interval"] == ["2026-01-01", "2026-01-02"]
     assert train["resumed_from"]["step"] == killed_at_step
     assert train["resumed_from"]["url"].endswith(f"step-{killed_at_step:08d}")
     assert train["steps"] == 96
