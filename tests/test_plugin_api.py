@@ -397,3 +397,16 @@ def test_override_links_only_for_users_who_may_trigger_them(auth, store: Path, r
         assert href == f"../dags/{OVERRIDE_DAG_IDS[action]}"
     assert ('id="overrides"' in page.text) == bool(offered)
     assert "<form" not in page.text and 'method="post"' not in page.text.lower()
+
+
+def test_decision_table_signs_every_metric_as_improvement(client, store: Path):
+    """log-loss is lower-is-better: its row shows -d with the interval flipped, as the
+    charts and the banner do, so a worse model reads negative for every metric."""
+    gate = json.loads((store / "runs/tiny/demo-2026-01-01/reports/gate.json").read_text())
+    (log_loss,) = [m for m in gate["metrics"] if m["metric"] == "log_loss"]
+    page = client.get("/?model=tiny").text
+    expected = (
+        f"log-loss: {-log_loss['d']:+.3%} [{-log_loss['ci_high']:+.3%}, {-log_loss['ci_low']:+.3%}]"
+    )
+    assert expected in page, expected
+    assert f"log-loss: {log_loss['d']:+.3%}" not in page

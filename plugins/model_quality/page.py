@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from embedfresh.core import quality_chart
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.plugins.model_quality import banner as banner_data
 from embedfresh.plugins.model_quality import chart as charts
@@ -86,13 +87,20 @@ def _section(title: str, section: Section, body) -> str:
 
 
 def _metrics_cell(metrics: list[dict[str, Any]]) -> str:
+    """Each metric's difference and interval, improvement-signed (above 0 is better, for
+    log-loss too), as the charts and the banner show them."""
     if not metrics:
         return NA
-    return "<br>".join(
-        f"{escape(str(m.get('metric')))}: d {_pct(m.get('d'))} "
-        f"[{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}] {verdict_html(m.get('verdict'))}"
-        for m in metrics
-    )
+
+    def one(m: dict[str, Any]) -> str:
+        signed = quality_chart.improvement(m)
+        d, lo, hi = signed if signed else (m.get("d"), m.get("ci_low"), m.get("ci_high"))
+        return (
+            f"{escape(quality_chart.label(m.get('metric')))}: {_pct(d)} "
+            f"[{_pct(lo)}, {_pct(hi)}] {verdict_html(m.get('verdict'))}"
+        )
+
+    return "<br>".join(one(m) for m in metrics)
 
 
 def _registry(data: dict[str, Any]) -> str:
@@ -159,7 +167,16 @@ def _overrides(offered: list[Override]) -> str:
 
 def _decisions(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["run", "verdict", "mode", "candidate", "reference", "n", "d and interval", "reason"],
+        [
+            "run",
+            "verdict",
+            "mode",
+            "candidate",
+            "reference",
+            "n",
+            "difference and 95% interval (above 0: better)",
+            "reason",
+        ],
         [
             [
                 dag_run_link(r["run_id"], r.get("dag_id")),

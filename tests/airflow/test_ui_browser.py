@@ -67,10 +67,10 @@ def trigger_from_the_form(browser, server: AirflowServer, dag_id: str) -> None:
     browser.get(f"{server.base_url}/dags/{dag_id}")
     wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]")))
     browser.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-button]").click()
-    dialog = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "[role=dialog]")))
 
     def submit():
-        buttons = [b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text == "Trigger"]
+        buttons = browser.find_elements(By.CSS_SELECTOR, "[role=dialog] button")
+        buttons = [b for b in buttons if b.text == "Trigger"]
         return buttons[-1] if buttons and buttons[-1].is_enabled() else None
 
     wait.until(lambda _: submit(), "the form's Trigger button stays disabled (form invalid)")
