@@ -410,3 +410,6 @@ def test_decision_table_signs_every_metric_as_improvement(client, store: Path):
     )
     assert expected in page, expected
     assert f"log-loss: {log_loss['d']:+.3%}" not in page
+    # and the values under the chart, for the same decision
+    assert f"<td>{-log_loss['d']:+.3%}</td>" in page
+    assert f"<td>{log_loss['d']:+.3%}</td>" not in page

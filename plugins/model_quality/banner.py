@@ -54,8 +54,8 @@ def _reference_words(gate: dict[str, Any]) -> str:
         version, source = reference, None
     if source == "production":
         return "production"
-    if source == "baseline":
-        return f"the baseline {version}"
+    if source == "baseline":  # the version of an untrained start is called "baseline"
+        return "the baseline" if version in (None, "baseline") else f"the baseline {version}"
     return f"the reference {version}" if version else "the reference"
 
 

@@ -229,19 +229,29 @@ def _history(rows: list[dict[str, Any]]) -> str:
 
 def _curve(data: dict[str, Any], chart_html: str = "") -> str:
     final = data["points"][-1]["metrics"] if data.get("points") else []
+
+    def row(m: dict[str, Any]) -> list[str]:
+        signed = quality_chart.improvement(m)
+        d, lo, hi = signed if signed else (m.get("d"), m.get("ci_low"), m.get("ci_high"))
+        return [
+            _v(quality_chart.label(m.get("metric"))),
+            _v(m.get("m_cand")),
+            _v(m.get("m_ref")),
+            _pct(d),
+            f"[{_pct(lo)}, {_pct(hi)}]",
+            verdict_html(m.get("verdict")),
+        ]
+
     values = table(
-        ["metric", "candidate", "reference", "d", "interval", "verdict"],
         [
-            [
-                _v(m.get("metric")),
-                _v(m.get("m_cand")),
-                _v(m.get("m_ref")),
-                _pct(m.get("d")),
-                f"[{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}]",
-                verdict_html(m.get("verdict")),
-            ]
-            for m in final
+            "metric",
+            "candidate",
+            "reference",
+            "difference (above 0: better)",
+            "95% interval",
+            "verdict",
         ],
+        [row(m) for m in final],
         "curve-values",
     )
     return f'<div id="chart" class="chart">{chart_html}</div>{values}'
