@@ -225,7 +225,13 @@ CASES = {
         None,
         ["invalid TrainConfig", "data_interval_start"],
     ),
-    "no-date": ([], None, ["invalid TrainConfig", "data_interval_start", "required"]),
+    # No date is the newest partition (a manual run's default); with none there is
+    # nothing to train on.
+    "no-date-no-partition": (
+        [],
+        lambda r: shutil.rmtree(_part(r).parent.parent),
+        ["no training partition under", "python -m embedfresh.jobs.generate_data"],
+    ),
     "end-before-start": (
         [START, "data_interval_end=2025-12-31"],
         None,
