@@ -136,7 +136,7 @@ def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_p
     # 4. A bad partition lands (the newest day, labels flipped); the next refresh fails
     #    at the gate and the banner says so, with the numbers; production stays.
     flip_labels(store, DAY2)
-    bad = server.trigger(REFRESH, "bad-partition", None, {})["dag_run_id"]
+    bad = server.trigger(REFRESH, "ui-bad-partition", None, {})["dag_run_id"]
     assert server.wait_for_run(REFRESH, bad, timeout=600)["state"] == "failed"
     browser.get(page)
     banner = wait.until(ec.presence_of_element_located((By.ID, "banner")))
