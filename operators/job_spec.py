@@ -27,6 +27,10 @@ def encode_setting(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+#: AWS Batch's largest array job: children per ``SubmitJob``.
+MAX_ARRAY_SIZE = 10_000
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One run of ``python -m embedfresh.jobs.<job> --set key=value ...``.
@@ -37,6 +41,9 @@ class JobSpec:
     :param nproc_per_node: processes per node; above 1 the job starts under torchrun.
     :param result: the name and attempt id of the result record this execution writes
         (``--result-name``, ``--attempt-id``); ``None``: the job's defaults.
+    :param array_size: copies of the job started at once as one AWS Batch array job, each
+        told its index in ``AWS_BATCH_JOB_ARRAY_INDEX`` (2 to 10,000, Batch's limits); 1: a
+        plain job. Only runners that can start arrays accept more than 1.
     """
 
     job: str
@@ -44,12 +51,18 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     nproc_per_node: int = 1
     result: ResultTicket | None = None
+    array_size: int = 1
 
     def __post_init__(self) -> None:
         if not self.job or not self.job.replace("_", "").isalnum():
             raise ValueError(f"job must be a module name under embedfresh.jobs, got {self.job!r}")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if not (self.array_size == 1 or 2 <= self.array_size <= MAX_ARRAY_SIZE):
+            raise ValueError(
+                f"array_size must be 1 (a plain job) or 2 to {MAX_ARRAY_SIZE} (an AWS Batch "
+                f"array job), got {self.array_size}"
+            )
 
     @property
     def module(self) -> str:
