@@ -186,13 +186,21 @@ def test_concurrent_promotions_have_exactly_one_winner(store):
 
 def test_both_read_before_either_writes_the_cas_decides(store, monkeypatch):
     """Force the worst interleaving: both contenders read the same registry version, then
-    both write. The compare-and-swap in the store (not the early check) must refuse one."""
+    both write. The compare-and-swap in the store (not the early check) must refuse one.
+
+    Only a contender's first read (the one its move decides on) waits at the barrier: the
+    winner reads the registry again afterwards (the run index's update), alone, and a wait
+    there would hold it for the barrier's whole timeout and cost it its index entry."""
     original = Registry.read
     barrier = threading.Barrier(2, timeout=30)
+    first_read = threading.local()  # each round's contenders are new threads
 
     def read_then_wait(self):
         result = original(self)
-        if threading.current_thread().name.startswith("contender-"):
+        if threading.current_thread().name.startswith("contender-") and not getattr(
+            first_read, "done", False
+        ):
+            first_read.done = True
             barrier.wait()
         return result
 
@@ -208,6 +216,7 @@ def test_both_read_before_either_writes_the_cas_decides(store, monkeypatch):
         production = check_one_winner(store, outcomes, runs, contenders, production)
         (loser,) = [o for o in outcomes if isinstance(o, ConflictError)]
         assert "a concurrent run won" in str(loser), loser
+        assert not barrier.broken, "a contender waited at the barrier alone"
 
 
 def test_stale_expected_previous_is_refused(store):
