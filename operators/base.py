@@ -10,7 +10,7 @@ place, and what a successful job returned is read from its result record
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -20,7 +20,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from embedfresh.core.exit_codes import ExitCode
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.job_spec import JobSpec
-from embedfresh.operators.runners import DeferrableRunner, JobResult, Runner, registered_runner
+from embedfresh.operators.runners import (
+    AttachingRunner,
+    DeferrableRunner,
+    JobResult,
+    Runner,
+    registered_runner,
+)
 
 if TYPE_CHECKING:
     from embedfresh.core.results import ResultTicket
@@ -258,18 +264,21 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         self.use_run_context(context)
         self.verify_inputs()
-        ticket = self.result_ticket(context)
-        spec = self.build_job_spec(ticket)
+        spec = self.build_job_spec(self.result_ticket(context))
         runner = self.runner
+        if isinstance(runner, AttachingRunner):
+            # A retry after a lost worker waits on the job that try started.
+            spec = runner.attach(spec, self.log, context.get("task_state_store"))
         if isinstance(runner, DeferrableRunner) and runner.deferrable:
             started = runner.start(spec, self.log)
             if not isinstance(started, JobResult):
                 # The ticket travels with the deferral: the resumed task must read the
                 # record of the job it started, not mint a new attempt id.
+                ticket = spec.result.to_dict() if spec.result is not None else None
                 self.defer(
                     trigger=started,
                     method_name="execute_complete",
-                    kwargs={"result": ticket.to_dict()},
+                    kwargs={"result": ticket},
                     timeout=self.execution_timeout,
                 )
             return self.handle_result(spec, started)
@@ -305,6 +314,8 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
         code = result.exit_code
         if result.details:
             self.log.info("%s ran as %s", spec.module, dict(result.details))
+        if result.cost is not None:
+            self.write_cost_record(spec, result.cost)
         if code == ExitCode.OK:
             return self.read_result(spec)
         reason = result.last_error_line or "no message on stderr"
@@ -319,6 +330,27 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
                 f"a retry resumes run {spec.settings.get('run_id')}: {reason}"
             )
         raise AirflowException(f"{spec.module} crashed with exit code {code}: {reason}")
+
+    def write_cost_record(self, spec: JobSpec, cost: Mapping[str, Any]) -> None:
+        """Keep the runner's cost record of this job in the run's reports
+        (``reports/cost-<result name>.json``), whether the job succeeded or not.
+
+        A report, not the job's outcome: a store that refuses it is logged, and the task
+        goes on to the job's own result.
+        """
+        from embedfresh.core import layout
+        from embedfresh.core.storage import ArtifactStore
+
+        name = spec.result.name if spec.result is not None else spec.job
+        try:
+            rel = layout.report(str(self.model), str(self.run_id), f"cost-{name}")
+            ArtifactStore(self.artifact_root).write_json(rel, dict(cost))
+        except Exception as e:
+            self.log.warning("Could not write the cost record of %s: %s", spec.module, e)
+            return
+        self.log.info(
+            "Cost record of %s: %s", spec.module, ArtifactStore(self.artifact_root).url(rel)
+        )
 
     def read_result(self, spec: JobSpec) -> dict[str, Any]:
         """The summary in the result record of the execution ``spec`` describes.

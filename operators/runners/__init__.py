@@ -8,7 +8,12 @@ The AWS Batch runner imports the Amazon provider (and boto3) only when it is use
 
 from embedfresh.core.settings import ExecutionMode
 from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
-from embedfresh.operators.runners.base import DeferrableRunner, JobResult, Runner
+from embedfresh.operators.runners.base import (
+    AttachingRunner,
+    DeferrableRunner,
+    JobResult,
+    Runner,
+)
 from embedfresh.operators.runners.local import LocalRunner
 from embedfresh.operators.runners.registry import (
     RegisteredRunner,
@@ -27,6 +32,7 @@ register_runner(
 )
 
 __all__ = [
+    "AttachingRunner",
     "AwsBatchRunner",
     "BatchSettings",
     "DeferrableRunner",

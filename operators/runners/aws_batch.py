@@ -9,13 +9,15 @@ level, so DAG files that name this runner still parse fast.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from embedfresh.core.exit_codes import ExitCode
 from embedfresh.operators.constants import ARTIFACT_ROOT_ENV
@@ -25,7 +27,9 @@ from embedfresh.operators.runners.local import DEFAULT_ENV
 
 if TYPE_CHECKING:
     from airflow.providers.amazon.aws.hooks.batch_client import BatchClientHook
-    from airflow.providers.amazon.aws.triggers.batch import BatchJobTrigger
+    from airflow.providers.amazon.aws.hooks.logs import AwsLogsHook
+
+    from embedfresh.operators.runners.aws_batch_trigger import BatchJobKillingTrigger
 
 #: Environment of every node of a multi-node job: libfabric over EFA with RDMA, the
 #: transport NCCL (aws-ofi-nccl) and the Neuron collectives use between trn1/p5 nodes.
@@ -46,6 +50,30 @@ EVALUATE_ON_EXIT: tuple[Mapping[str, str], ...] = (
 )
 
 _JOB_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
+
+#: Batch states of a job that has not ended: one a retry attaches to instead of submitting.
+LIVE_STATES = frozenset({"SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING"})
+#: Batch's own names for a job's end.
+END_STATES = frozenset({"SUCCEEDED", "FAILED"})
+
+#: The task state store key (``context["task_state_store"]``, one per task instance,
+#: kept across tries) under which the runner records the job it submitted.
+STATE_KEY = "embedfresh_aws_batch_job"
+#: Tags of every submitted job: the result record it writes, so a retry that finds the
+#: job by name (the worker died before recording it) reads that job's record.
+TAG_RESULT_NAME = "embedfresh:result-name"
+TAG_ATTEMPT_ID = "embedfresh:attempt-id"
+
+#: DescribeJobs takes at most 100 job ids per call.
+_DESCRIBE_CHUNK = 100
+
+
+class TaskStateStore(Protocol):
+    """What the runner needs of Airflow's ``context["task_state_store"]``."""
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    def set(self, key: str, value: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,13 @@ class BatchSettings:
     :param max_polls: status checks before giving up waiting (retryable failure).
     :param python: the interpreter inside the image.
     :param master_port: torchrun's rendezvous port on the main node (multi-node only).
+    :param log_group: the CloudWatch Logs group of the job definition's ``awslogs`` driver
+        (Batch's default ``/aws/batch/job``): the job's output is copied from it into
+        the task log.
+    :param child_logs: for an array job, also copy every child's log into the task log
+        once the job ends (off by default: 10,000 children are a lot of log).
+    :param instance_type: what a node is billed as in the job's cost record (a key of
+        :data:`embedfresh.core.cost.PRICES_USD`); ``None``: the backend's default.
     """
 
     job_definition: str
@@ -92,6 +127,9 @@ class BatchSettings:
     max_polls: int = 4200
     python: str = "python"
     master_port: int = 29500
+    log_group: str = "/aws/batch/job"
+    child_logs: bool = False
+    instance_type: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -129,16 +167,22 @@ class BatchSettings:
 
 
 class AwsBatchRunner:
-    """Runs a job spec as an AWS Batch job through the Amazon provider's ``BatchClientHook``.
+    """Runs a job spec as an AWS Batch job through the Amazon provider's hooks.
 
-    Blocking: :meth:`run` submits, polls with the hook's back-off, and maps the outcome.
-    Deferrable: :meth:`start` submits and returns a ``BatchJobTrigger`` (or the result,
-    if the job already ended); :meth:`resume` maps the trigger's event.
+    Blocking: :meth:`run` submits, polls, and copies the job's CloudWatch log into the
+    task log as it grows. Deferrable: :meth:`start` submits and returns a trigger (or
+    the result, if the job already ended); :meth:`resume` maps the trigger's event and
+    copies the log then. Either way :meth:`attach` first looks for this task instance's
+    job still running (recorded in the task state store, else found by its
+    deterministic name), so a retry after a lost worker waits on that job instead of
+    submitting a second one that bills and writes beside it.
     """
 
     def __init__(self, settings: BatchSettings) -> None:
         self.settings = settings
         self.job_id: str | None = None
+        self._state: TaskStateStore | None = None
+        self._spec: JobSpec | None = None
 
     @classmethod
     def from_settings(cls, **values: Any) -> AwsBatchRunner:
@@ -162,12 +206,28 @@ class AwsBatchRunner:
             max_retries=self.settings.max_polls,
         )
 
+    @cached_property
+    def logs_hook(self) -> AwsLogsHook:
+        from airflow.providers.amazon.aws.hooks.logs import AwsLogsHook
+
+        return AwsLogsHook(
+            aws_conn_id=self.settings.aws_conn_id, region_name=self.settings.region_name
+        )
+
     # --- the request ------------------------------------------------------------------
 
     def job_name(self, spec: JobSpec) -> str:
-        """``embedfresh-<job>-<run_id>`` in Batch's alphabet, at most 128 characters."""
+        """``embedfresh-<job>-<run_id>-<hash>`` in Batch's alphabet, at most 128 characters.
+
+        Deterministic per task instance: the hash covers the run id and the result
+        record's name (DAG, task, map index), so a retry computes the same name and
+        can find a job its lost predecessor submitted; two tasks of one run never share it.
+        """
         run_id = str(spec.settings.get("run_id", ""))
-        return _JOB_NAME_CHARS.sub("-", f"embedfresh-{spec.job}-{run_id}").strip("-")[:128]
+        who = spec.result.name if spec.result is not None else ""
+        digest = hashlib.sha256(f"{spec.job}\0{run_id}\0{who}".encode()).hexdigest()[:12]
+        readable = _JOB_NAME_CHARS.sub("-", f"embedfresh-{spec.job}-{run_id}").strip("-")
+        return f"{readable[: 128 - len(digest) - 1]}-{digest}"
 
     def environment(self, spec: JobSpec) -> list[dict[str, str]]:
         """The spec's env (``NEURON_CC_FLAGS``, ``NEURON_COMPILE_CACHE_URL``, ...) over the
@@ -229,7 +289,8 @@ class AwsBatchRunner:
         }
 
     def submit_job_request(self, spec: JobSpec) -> dict[str, Any]:
-        """The ``SubmitJob`` request for ``spec``: container or node overrides, retries, share."""
+        """The ``SubmitJob`` request for ``spec``: container or node overrides, retries,
+        array size, share, and the tags naming the result record the job writes."""
         s = self.settings
         request: dict[str, Any] = {
             "jobName": self.job_name(spec),
@@ -247,21 +308,111 @@ class AwsBatchRunner:
                     {"targetNodes": "0:", "containerOverrides": self.container_overrides(spec)}
                 ],
             }
+        if spec.array_size > 1:
+            if s.num_nodes > 1:
+                raise ValueError("AWS Batch runs no multi-node job as an array job")
+            request["arrayProperties"] = {"size": spec.array_size}
         if s.share_identifier is not None:
             request["shareIdentifier"] = s.share_identifier
         if s.scheduling_priority_override is not None:
             request["schedulingPriorityOverride"] = s.scheduling_priority_override
-        if s.tags:
-            request["tags"] = dict(s.tags)
+        tags = dict(s.tags)
+        if spec.result is not None:
+            tags[TAG_RESULT_NAME] = spec.result.name
+            tags[TAG_ATTEMPT_ID] = spec.result.attempt_id
+        if tags:
+            request["tags"] = tags
         return request
 
-    # --- running ----------------------------------------------------------------------
+    # --- attaching or submitting --------------------------------------------------------
+
+    def attach(
+        self, spec: JobSpec, log: logging.Logger, state: TaskStateStore | None = None
+    ) -> JobSpec:
+        """Find this task instance's job if it is still running; the spec to go on with.
+
+        First the job recorded in ``state`` (Airflow's task state store), then, because a
+        worker can die between ``SubmitJob`` and recording its answer, a live job under
+        this task instance's deterministic name (:meth:`job_name`, ``ListJobs``). Found:
+        the runner waits on it (:meth:`run`, :meth:`start` submit nothing) and the spec
+        returned carries that job's result ticket (from its tags), so the record it
+        writes is the one read. Not found: ``spec`` itself; a job that ended is never
+        attached to: the next one resumes from the checkpoint.
+        """
+        from embedfresh.core.results import ResultTicket
+
+        self._state = state
+        recorded = state.get(STATE_KEY) if state is not None else None
+        job, how = None, ""
+        if isinstance(recorded, Mapping) and recorded.get("job_id"):
+            found = self._describe([str(recorded["job_id"])])
+            if found and found[0].get("status") in LIVE_STATES:
+                job, how = found[0], "recorded in the task state store"
+            else:
+                status = found[0].get("status") if found else "unknown to Batch"
+                log.info(
+                    "AWS Batch job %s of an earlier try is %s: not attaching",
+                    recorded["job_id"], status,
+                )  # fmt: skip
+        if job is None:
+            job, how = self._live_job_named(self.job_name(spec)), "found by its name"
+        if job is None:
+            return spec
+        tags = job.get("tags") or {}
+        if not (tags.get(TAG_RESULT_NAME) and tags.get(TAG_ATTEMPT_ID)):
+            log.warning(
+                "AWS Batch job %s (%s) carries no result tags, so its record could not be "
+                "told from another's: not attaching, a new job is submitted",
+                job.get("jobId"), job.get("jobName"),
+            )  # fmt: skip
+            return spec
+        self.job_id = str(job["jobId"])
+        ticket = ResultTicket(name=tags[TAG_RESULT_NAME], attempt_id=tags[TAG_ATTEMPT_ID])
+        log.info(
+            "Re-attaching to AWS Batch job %s (%s), %s, %s: no second job is submitted",
+            self.job_id, job.get("jobName"), job.get("status"), how,
+        )  # fmt: skip
+        self._record(self.job_id, ticket, log)
+        return replace(spec, result=ticket)
+
+    def _live_job_named(self, name: str) -> dict[str, Any] | None:
+        """The newest job of the queue named ``name`` that has not ended, if any."""
+        pages = self.hook.client.get_paginator("list_jobs").paginate(
+            jobQueue=self.settings.job_queue,
+            filters=[{"name": "JOB_NAME", "values": [name]}],
+        )
+        summaries = [j for page in pages for j in page.get("jobSummaryList", [])]
+        live = [j for j in summaries if j.get("jobName") == name and j.get("status") in LIVE_STATES]
+        if not live:
+            return None
+        newest = max(live, key=lambda j: j.get("createdAt", 0))
+        found = self._describe([newest["jobId"]])
+        return found[0] if found else None
+
+    def _describe(self, job_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """DescribeJobs in chunks of 100 (Batch's limit), in the order asked."""
+        ids = list(job_ids)
+        jobs: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(ids), _DESCRIBE_CHUNK):
+            response = self.hook.client.describe_jobs(jobs=ids[i : i + _DESCRIBE_CHUNK])
+            jobs.update({j["jobId"]: j for j in response.get("jobs", [])})
+        return [jobs[i] for i in ids if i in jobs]
+
+    def _record(self, job_id: str, ticket: Any, log: logging.Logger) -> None:
+        if self._state is None:
+            return
+        value = {"job_id": job_id, "result": ticket.to_dict() if ticket is not None else None}
+        try:
+            self._state.set(STATE_KEY, value)
+        except Exception as e:  # the name still finds the job on a retry
+            log.warning("Could not record AWS Batch job %s in the task state store: %s", job_id, e)
 
     def submit(self, spec: JobSpec, log: logging.Logger) -> str:
         request = self.submit_job_request(spec)
+        what = f"an array of {spec.array_size}" if spec.array_size > 1 else "a job"
         log.info(
-            "Submitting AWS Batch job %s (definition %s, queue %s, %d node(s)): %s",
-            request["jobName"], request["jobDefinition"], request["jobQueue"],
+            "Submitting AWS Batch job %s as %s (definition %s, queue %s, %d node(s)): %s",
+            request["jobName"], what, request["jobDefinition"], request["jobQueue"],
             self.settings.num_nodes, shlex.join(self.command(spec)),
         )  # fmt: skip
         from airflow.sdk.exceptions import AirflowException
@@ -274,23 +425,47 @@ class AwsBatchRunner:
             ) from e
         self.job_id = response["jobId"]
         log.info("AWS Batch job %s submitted as %s", request["jobName"], self.job_id)
+        self._record(self.job_id, spec.result, log)
         return self.job_id
 
+    # --- running ----------------------------------------------------------------------
+
     def run(self, spec: JobSpec, log: logging.Logger) -> JobResult:
-        job_id = self.submit(spec, log)
-        self.hook.wait_for_job(job_id, delay=self.settings.poll_interval)
+        """Submit (unless :meth:`attach` found the job), wait, copy its log, map its end."""
+        self._spec = spec
+        job_id = self.job_id or self.submit(spec, log)
+        self._wait(job_id, log)
         return self._finished(job_id, log)
 
-    def start(self, spec: JobSpec, log: logging.Logger) -> JobResult | BatchJobTrigger:
-        """Submit; the result if the job already ended, else the trigger to defer to."""
-        job_id = self.submit(spec, log)
-        result = self.result(job_id)
-        return result if result is not None else self.trigger(job_id)
+    def _wait(self, job_id: str, log: logging.Logger) -> None:
+        """Poll until the job ends, copying each attempt's log lines as they arrive."""
+        from airflow.sdk.exceptions import AirflowException
 
-    def trigger(self, job_id: str) -> BatchJobTrigger:
-        from airflow.providers.amazon.aws.triggers.batch import BatchJobTrigger
+        copier = LogCopier(self.logs_hook, self.settings.log_group, log)
+        for _ in range(self.settings.max_polls):
+            [job] = self._describe([job_id]) or [{}]
+            copier.copy(log_streams(job))
+            if job.get("status") in END_STATES:
+                return
+            time.sleep(self.settings.poll_interval)
+        raise AirflowException(
+            f"AWS Batch job {job_id} has not finished after {self.settings.max_polls} polls "
+            f"{self.settings.poll_interval} s apart; the task's retry attaches to it again"
+        )
 
-        return BatchJobTrigger(
+    def start(self, spec: JobSpec, log: logging.Logger) -> JobResult | BatchJobKillingTrigger:
+        """Submit (unless :meth:`attach` found the job); the result if it already ended,
+        else the trigger to defer to."""
+        self._spec = spec
+        job_id = self.job_id or self.submit(spec, log)
+        if self.result(job_id) is not None:
+            return self._finished(job_id, log)
+        return self.trigger(job_id)
+
+    def trigger(self, job_id: str) -> BatchJobKillingTrigger:
+        from embedfresh.operators.runners.aws_batch_trigger import BatchJobKillingTrigger
+
+        return BatchJobKillingTrigger(
             job_id=job_id,
             aws_conn_id=self.settings.aws_conn_id,
             region_name=self.settings.region_name,
@@ -299,7 +474,8 @@ class AwsBatchRunner:
         )
 
     def resume(self, event: dict[str, Any] | None, log: logging.Logger) -> JobResult:
-        """Map the ``BatchJobTrigger`` event: the job's own outcome, whatever the waiter said."""
+        """Map the trigger's event: the job's own outcome, whatever the waiter said; the
+        job's log is copied into the task log now (the triggerer has no task log)."""
         from airflow.providers.amazon.aws.utils import validate_execute_complete_event
         from airflow.sdk.exceptions import AirflowException
 
@@ -310,16 +486,25 @@ class AwsBatchRunner:
         self.job_id = job_id
         if event.get("status") != "success":
             log.warning("AWS Batch trigger for job %s ended: %s", job_id, event.get("message"))
+        [job] = self._describe([job_id]) or [{}]
+        LogCopier(self.logs_hook, self.settings.log_group, log).copy(log_streams(job))
         return self._finished(job_id, log)
 
     def _finished(self, job_id: str, log: logging.Logger) -> JobResult:
         from airflow.sdk.exceptions import AirflowException
 
-        result = self.result(job_id)
+        [job] = self._describe([job_id]) or [{}]
+        children = self._children(job)
+        if children and self.settings.child_logs:
+            copier = LogCopier(self.logs_hook, self.settings.log_group, log)
+            for child in children:
+                log.info("--- log of AWS Batch array child %s ---", child.get("jobId"))
+                copier.copy(log_streams(child))
+        result = self.result(job_id) if not children else array_result(job, children)
         if result is None:
             raise AirflowException(
                 f"AWS Batch job {job_id} has not finished after waiting; the task's retry "
-                "submits it again and the job resumes from its checkpoint"
+                "attaches to it again"
             )
         details = result.details
         log.info(
@@ -328,7 +513,33 @@ class AwsBatchRunner:
             job_id, details.get("job_name"), details.get("status"), result.exit_code,
             details.get("attempts"), details.get("log_stream"), result.tail,
         )  # fmt: skip
-        return result
+        cost = self.cost(job, children)
+        log.info(
+            "AWS Batch cost of job %s: %.1f s over %d attempt(s), %.6f instance-hours, "
+            "estimated $%.6f (%s)",
+            job_id, cost["seconds"], len(cost["attempts"]), cost["instance_hours"],
+            cost["estimated_cost_usd"], cost["instance_type"],
+        )  # fmt: skip
+        return replace(result, cost=cost)
+
+    def _children(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """An array job's children, in index order; ``[]`` for any other job."""
+        size = (job.get("arrayProperties") or {}).get("size")
+        if not size or "index" in (job.get("arrayProperties") or {}):
+            return []
+        return self._describe(f"{job['jobId']}:{i}" for i in range(int(size)))
+
+    def cost(
+        self, job: Mapping[str, Any], children: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The job's cost record from Batch's own ``startedAt``/``stoppedAt`` of every
+        attempt (failed ones included) of the job or of each array child."""
+        from embedfresh.core.cost import DEFAULT_INSTANCE
+
+        backend = str((self._spec.settings if self._spec else {}).get("backend", "cpu"))
+        instance = self.settings.instance_type or DEFAULT_INSTANCE.get(backend, "cpu")
+        nodes = int((job.get("nodeProperties") or {}).get("numNodes") or self.settings.num_nodes)
+        return batch_cost(job, children or [], instance_type=instance, nodes=nodes)
 
     def result(self, job_id: str) -> JobResult | None:
         """The finished job's outcome (``None`` while it still runs), from DescribeJobs."""
@@ -342,9 +553,50 @@ class AwsBatchRunner:
         return job_result(job, main_node)
 
     def kill(self) -> None:
-        """Terminate the submitted job (``on_kill``); Batch stops every node of it."""
+        """Terminate the job (``on_kill``): Batch stops every node, or every child of an array."""
         if self.job_id is not None:
             self.hook.terminate_job(self.job_id, reason="Airflow task killed (on_kill)")
+
+
+class LogCopier:
+    """Copies CloudWatch log streams into a logger, each line once, however often called.
+
+    Each stream keeps its continuation token, so a poll reads only what is new; a stream
+    Batch names before it exists is read when it does.
+    """
+
+    def __init__(self, hook: AwsLogsHook, group: str, log: logging.Logger) -> None:
+        self.hook = hook
+        self.group = group
+        self.log = log
+        self.tokens: dict[str, Any] = {}
+        self.lines = 0
+
+    def copy(self, streams: Iterable[str]) -> None:
+        from airflow.providers.amazon.aws.hooks.logs import AwsLogsHook
+
+        for stream in streams:
+            token = self.tokens.setdefault(stream, AwsLogsHook.ContinuationToken())
+            try:
+                for event in self.hook.get_log_events(self.group, stream, continuation_token=token):
+                    self.log.info("[%s] %s", stream.rsplit("/", 1)[-1], event["message"])
+                    self.lines += 1
+            except self.hook.conn.exceptions.ResourceNotFoundException:
+                continue  # not created yet: the container has not started
+
+
+def log_streams(job: Mapping[str, Any]) -> list[str]:
+    """Every attempt's log stream of a DescribeJobs record, oldest first, then the
+    running attempt's (on the job's own container until it ends)."""
+    streams: list[str] = []
+    for attempt in job.get("attempts") or []:
+        name = (attempt.get("container") or {}).get("logStreamName")
+        if name and name not in streams:
+            streams.append(name)
+    current = (job.get("container") or {}).get("logStreamName")
+    if current and current not in streams:
+        streams.append(current)
+    return streams
 
 
 def job_exit_code(job: Mapping[str, Any]) -> int | None:
@@ -389,3 +641,114 @@ def job_result(
     }
     tail = f"AWS Batch job {job.get('jobId')} {status}" + (f": {reason}" if reason else "")
     return JobResult(exit_code=code, summary=None, tail=tail, details=details)
+
+
+def _child_exit_code(child: Mapping[str, Any]) -> int:
+    code = job_exit_code(child)
+    return int(ExitCode.TRANSIENT) if code is None else code
+
+
+def array_result(parent: Mapping[str, Any], children: list[dict[str, Any]]) -> JobResult | None:
+    """Map an array job's end to one exit code; ``None`` while a child still runs.
+
+    All children SUCCEEDED: 0. Otherwise the failed children decide, most final first:
+    a bad input, a refused gate or an unhealthy device (2, 3, 4: a retry would fail the same
+    way), else a crash's code, else 75 (Batch's retries ran out on transient faults):
+    the task's retry submits only what is not committed. The tail names the failed
+    children, their codes and reasons.
+    """
+    if parent.get("status") not in END_STATES:
+        return None
+    by_state: dict[str, int] = {}
+    for child in children:
+        by_state[child.get("status", "UNKNOWN")] = (
+            by_state.get(child.get("status", "UNKNOWN"), 0) + 1
+        )
+    failed = [c for c in children if c.get("status") == "FAILED"]
+    codes = [_child_exit_code(c) for c in failed]
+    final = [
+        c for c in codes if c in (ExitCode.BAD_INPUT, ExitCode.GATE_REFUSED, ExitCode.UNHEALTHY)
+    ]
+    crashes = [c for c in codes if c not in (ExitCode.OK, ExitCode.TRANSIENT)]
+    if parent.get("status") == "SUCCEEDED" and not failed:
+        code = int(ExitCode.OK)
+    else:
+        code = final[0] if final else crashes[0] if crashes else int(ExitCode.TRANSIENT)
+    lines = [
+        f"AWS Batch array job {parent.get('jobId')} {parent.get('status')}: "
+        f"{len(children)} children, "
+        + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items()))
+    ]
+    for child, child_code in list(zip(failed, codes, strict=True))[:10]:
+        reason = child.get("statusReason") or ""
+        lines.append(f"child {child.get('jobId')} exited {child_code}: {reason}".rstrip(": "))
+    if len(failed) > 10:
+        lines.append(f"... and {len(failed) - 10} more failed children")
+    details = {
+        "aws_batch_job_id": parent.get("jobId"),
+        "job_name": parent.get("jobName"),
+        "status": parent.get("status"),
+        "exit_code": code,
+        "attempts": sum(len(c.get("attempts") or []) for c in children),
+        "log_stream": None,
+        "children": dict(sorted(by_state.items())),
+    }
+    return JobResult(exit_code=code, summary=None, tail="\n".join(lines), details=details)
+
+
+def _iso(ms: int | None) -> str | None:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat() if ms else None
+
+
+def batch_cost(
+    job: Mapping[str, Any],
+    children: list[dict[str, Any]],
+    *,
+    instance_type: str,
+    nodes: int = 1,
+) -> dict[str, Any]:
+    """A cost record from Batch's own clock: every attempt of the job (or of each array
+    child), failed ones included, from its ``startedAt`` to its ``stoppedAt``.
+
+    An attempt Batch reports without both times (it never started a container) costs
+    nothing and is listed with ``seconds: 0``.
+    """
+    from embedfresh.core.cost import price_per_hour
+
+    attempts = []
+    for record in children or [job]:
+        index = (record.get("arrayProperties") or {}).get("index")
+        for number, attempt in enumerate(record.get("attempts") or [], start=1):
+            started, stopped = attempt.get("startedAt"), attempt.get("stoppedAt")
+            seconds = max(0.0, (stopped - started) / 1000) if started and stopped else 0.0
+            attempts.append(
+                {
+                    "job_id": record.get("jobId"),
+                    "array_index": index,
+                    "attempt": number,
+                    "started_at": _iso(started),
+                    "stopped_at": _iso(stopped),
+                    "seconds": seconds,
+                    "exit_code": (attempt.get("container") or {}).get("exitCode"),
+                    "status_reason": attempt.get("statusReason"),
+                }
+            )
+    seconds = sum(a["seconds"] for a in attempts)
+    price = price_per_hour(instance_type)
+    instance_hours = nodes * seconds / 3600
+    return {
+        "aws_batch_job_id": job.get("jobId"),
+        "job_name": job.get("jobName"),
+        "status": job.get("status"),
+        "instance_type": instance_type,
+        "price_per_hour_usd": price,
+        "nodes": nodes,
+        "children": len(children),
+        "attempts": attempts,
+        "failed_attempts": sum(1 for a in attempts if a["exit_code"] != 0),
+        "seconds": round(seconds, 3),
+        "instance_hours": round(instance_hours, 6),
+        "estimated_cost_usd": round(instance_hours * price, 6),
+    }

@@ -23,12 +23,16 @@ class JobResult:
     :param tail: the last lines of the job's stderr, where errors are reported.
     :param details: where and how the job ran, in the runner's terms (the AWS Batch job
         id, its attempts and log stream, ...), written to the task log.
+    :param cost: the job's cost record from the runner's own clock (AWS Batch: every
+        attempt's ``startedAt``/``stoppedAt``), which the operator writes to the run's
+        reports; ``None``: the runner keeps none.
     """
 
     exit_code: int
     summary: dict[str, Any] | None
     tail: str
     details: Mapping[str, Any] = field(default_factory=dict)
+    cost: Mapping[str, Any] | None = None
 
     @property
     def last_error_line(self) -> str:
@@ -67,4 +71,14 @@ class DeferrableRunner(Runner, Protocol):
 
     def resume(self, event: dict[str, Any] | None, log: logging.Logger) -> JobResult:
         """The result of the job the trigger's ``event`` reports on (validated first)."""
+        ...
+
+
+@runtime_checkable
+class AttachingRunner(Runner, Protocol):
+    """A runner whose job outlives the worker: a retry can wait on the job a lost try started."""
+
+    def attach(self, spec: JobSpec, log: logging.Logger, state: Any = None) -> JobSpec:
+        """Find the task instance's job still running (``state``: Airflow's
+        ``context["task_state_store"]``); the spec to go on with, that job's if found."""
         ...
