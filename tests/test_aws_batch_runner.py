@@ -8,8 +8,9 @@ strategy or fair-share fields: those are read from the SubmitJob request as boto
 sent it (after validating it against the Batch service model). What a successful task
 returns is the job's result record, so a job moto only pretends to run leaves the task
 failing, retryably, on the missing record; where a test needs the job to run, the
-``batch_executor`` fixture (tests/batch_harness.py) runs it as a local process and ends
-the Batch job with the process's exit code. The per-exit-code mapping is also tested on
+``batch_executor`` fixture (tests/batch_harness.py) runs it as a local process, after
+SubmitJob returned, through RUNNABLE and RUNNING, and ends the Batch job with the
+process's exit code. The per-exit-code mapping is also tested on
 DescribeJobs-shaped records, which is what the runner maps.
 """
 
@@ -45,9 +46,10 @@ from tests.batch_harness import (
     PYTHON,
     QUEUE,
     REGION,
-    LocalBatchExecutor,
+    BatchExecutor,
     describe,
     moto_batch,
+    run_batch_executor,
     settings,
 )
 from tests.conftest import ROOT
@@ -67,9 +69,9 @@ def batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 @pytest.fixture
-def batch_executor(batch: Any, monkeypatch: pytest.MonkeyPatch) -> LocalBatchExecutor:
+def batch_executor(batch: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchExecutor]:
     """Moto's Batch whose single-node jobs really run, as local processes."""
-    return LocalBatchExecutor().install(monkeypatch)
+    yield from run_batch_executor(monkeypatch)
 
 
 def train_operator(root: str = "s3://bucket/prod", **batch: Any) -> IncrementalTrainingOperator:
@@ -315,23 +317,13 @@ def test_the_launcher_finds_the_main_node_at_run_time_and_keeps_every_argument(f
 
 def test_deferrable_returns_at_once_when_the_job_already_ended(batch, batch_executor, tmp_path):
     op = health_operator(f"file://{tmp_path}", deferrable=True)
-    # The executor ends the job within SubmitJob: no deferral, the record's summary.
+    # The job ends before the runner's first look (the executor ends it within
+    # SubmitJob): no deferral, the record's summary.
+    batch_executor.sync_submit = True
     summary = op.execute({})
     assert summary["verdict"] == "PASS"
     [run] = batch_executor.executed
     assert run.stdout.strip().splitlines()[-1] == json.dumps(summary, sort_keys=True)
-
-
-class StillRunning(AwsBatchRunner):
-    """Sees the job as still running on the first look: moto ends every job at submit."""
-
-    looked = False
-
-    def result(self, job_id: str):
-        if not self.looked:
-            self.looked = True
-            return None
-        return super().result(job_id)
 
 
 def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(
@@ -339,9 +331,8 @@ def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(
 ):
     root = f"file://{tmp_path}"
     op = health_operator(root, deferrable=True, poll_interval=45, max_polls=100)
-    op.__dict__["runner"] = StillRunning(op.runner.settings)
     with pytest.raises(TaskDeferred) as info:
-        op.execute({})
+        op.execute({})  # the job is RUNNABLE at the first look
     deferred = info.value
     assert deferred.method_name == "execute_complete"
     classpath, kwargs = deferred.trigger.serialize()
@@ -350,6 +341,7 @@ def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(
     assert kwargs["job_id"] == job_id and kwargs["region_name"] == REGION
     assert kwargs["waiter_delay"] == 45 and kwargs["waiter_max_attempts"] == 100
     # The result ticket travels with the deferral (Airflow passes it back as kwargs).
+    assert batch_executor.wait(job_id)["status"] == "SUCCEEDED"
     [run] = batch_executor.executed
     ticket = deferred.kwargs["result"]
     assert run.command[-4:] == ["--result-name", "health", "--attempt-id", ticket["attempt_id"]]
