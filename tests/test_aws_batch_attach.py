@@ -1,0 +1,180 @@
+"""The AWS Batch runner against jobs that really run (tests/batch_harness.py's executor):
+a retry attaches to the job its lost predecessor started, the job's log reaches the task
+log, and the cost record counts every attempt from Batch's own clock.
+
+The Airflow-level versions (a real worker killed, a real triggerer) are in
+tests/airflow/test_batch_airflow.py; these drive the operator in process, with the task
+state store as a dict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from embedfresh.operators import AcceleratorHealthOperator
+from embedfresh.operators.runners.aws_batch import STATE_KEY
+from tests.batch_harness import (
+    PYTHON,
+    BatchExecutor,
+    describe,
+    moto_batch,
+    run_batch_executor,
+    settings,
+)
+
+RUN_ID = "manual__2026-03-04T05:06:07+00:00"
+
+
+@pytest.fixture
+def batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    yield from moto_batch(monkeypatch)
+
+
+@pytest.fixture
+def executor(batch: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchExecutor]:
+    yield from run_batch_executor(monkeypatch, runnable_delay=0.1)
+
+
+class StateStore(dict):
+    """``context["task_state_store"]`` as the runner uses it: get and set."""
+
+    def set(self, key: str, value: Any) -> None:
+        self[key] = json.loads(json.dumps(value))  # JSON, as Airflow stores it
+
+
+def health(root: str, python: str = PYTHON, **batch: Any) -> AcceleratorHealthOperator:
+    return AcceleratorHealthOperator(
+        task_id="health",
+        artifact_root=root,
+        run_id=RUN_ID,
+        job_settings={"collectives": False},
+        execution_mode="aws_batch",
+        runner_settings=settings(python=python, poll_interval=0.2, **batch),
+    )
+
+
+@pytest.fixture
+def slow_python(tmp_path: Path) -> str:
+    """The image's interpreter, which first prints a line and holds while ``hold`` exists."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    path = tmp_path / "python"
+    path.write_text(
+        f'#!/bin/sh\necho "holding"\nwhile [ -e {hold} ]; do sleep 0.1; done\nexec {PYTHON} "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def release(slow_python: str) -> None:
+    (Path(slow_python).parent / "hold").unlink()
+
+
+def first_try_submits_and_dies(op: AcceleratorHealthOperator, state: StateStore | None) -> str:
+    """What a worker does before it is lost: attach (nothing yet), submit, record."""
+    spec = op.build_job_spec(op.result_ticket({}))
+    spec = op.runner.attach(spec, logging.getLogger("first-try"), state)
+    return op.runner.submit(spec, logging.getLogger("first-try"))
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "lost-before-recording"])
+def test_a_retry_attaches_to_the_running_job_and_reads_its_record(
+    batch, executor, tmp_path, slow_python, capfd, recorded
+):
+    root = f"file://{tmp_path / 'store'}"
+    state = StateStore()
+    job_id = first_try_submits_and_dies(health(root, slow_python), state)
+    executor.wait_for(job_id, "RUNNING")
+    if not recorded:  # the worker died between SubmitJob and recording the id
+        state.clear()
+    else:
+        assert state[STATE_KEY]["job_id"] == job_id
+
+    retry = health(root, slow_python)
+    release(slow_python)
+    summary = retry.execute({"task_state_store": state})
+    task_log = capfd.readouterr().out
+
+    assert len(executor.submits) == 1, "a retry must not submit a second job"
+    assert summary["verdict"] == "PASS"
+    how = "recorded in the task state store" if recorded else "found by its name"
+    assert f"Re-attaching to AWS Batch job {job_id}" in task_log and how in task_log
+    # The record read is the one the running job wrote (its own attempt id, from its tags).
+    record = json.loads((tmp_path / f"store/runs/tiny/{RUN_ID}/results/health.json").read_text())
+    assert record["execution"]["aws_batch_job_id"] == job_id
+    assert state[STATE_KEY]["job_id"] == job_id
+
+
+def test_a_retry_after_the_job_ended_submits_a_new_one(batch, executor, tmp_path, capfd):
+    root = f"file://{tmp_path / 'store'}"
+    state = StateStore()
+    first = first_try_submits_and_dies(health(root), state)
+    executor.wait(first)
+    health(root).execute({"task_state_store": state})
+    assert len(executor.submits) == 2
+    assert "not attaching" in capfd.readouterr().out
+    assert state[STATE_KEY]["job_id"] != first
+
+
+def test_the_jobs_log_reaches_the_task_log_whole_past_one_page_while_polling(
+    batch, executor, tmp_path, capfd
+):
+    """More lines than one GetLogEvents page (10,000 events): every one, in order, once."""
+    marker = "marker-7f3a"
+    script = tmp_path / "python"
+    script.write_text(
+        f"#!/bin/sh\n{PYTHON} -c \"print('\\\\n'.join('{marker} %05d' % i for i in range(12000)))\"\n"
+        f'exec {PYTHON} "$@"\n'
+    )
+    script.chmod(0o755)
+    capfd.readouterr()
+    health(f"file://{tmp_path / 'store'}", str(script)).execute({})
+    lines = [line for line in capfd.readouterr().out.splitlines() if f"] {marker} " in line]
+    numbers = [line.split(f"] {marker} ", 1)[1][:5] for line in lines]
+    assert numbers == [f"{i:05d}" for i in range(12000)]
+
+
+def test_the_cost_record_counts_a_failed_attempt_and_the_retry_each_from_batchs_clock(
+    batch, executor, tmp_path
+):
+    root = tmp_path / "store"
+    op = health(f"file://{root}")
+    name = op.runner.job_name(op.build_job_spec(op.result_ticket({})))
+    # The first attempt loses its host 0.5 s in; Batch's retry strategy runs a second.
+    executor.fail(job_name=name, attempt=1, fault="host", after=0.5)
+    op.execute({})
+    [submit] = executor.submits
+    job = describe(batch, executor.calls_of("SubmitJob")[0].job_id)
+    assert job["status"] == "SUCCEEDED" and len(job["attempts"]) == 2
+    [cost_file] = (root / f"runs/tiny/{RUN_ID}/reports").glob("cost-*.json")
+    cost = json.loads(cost_file.read_text())
+    seconds = [a["seconds"] for a in cost["attempts"]]
+    batch_seconds = [(a["stoppedAt"] - a["startedAt"]) / 1000 for a in job["attempts"]]
+    assert seconds == batch_seconds and all(s > 0 for s in seconds)
+    assert seconds[0] != seconds[1]
+    assert cost["failed_attempts"] == 1 and cost["attempts"][0]["exit_code"] is None
+    assert cost["seconds"] == pytest.approx(sum(seconds), abs=1e-3)
+    assert cost["estimated_cost_usd"] == pytest.approx(
+        sum(seconds) / 3600 * cost["price_per_hour_usd"], abs=1e-6
+    )
+    assert submit["jobName"] == name
+
+
+def test_on_kill_while_polling_terminates_the_attached_job(batch, executor, tmp_path, slow_python):
+    root = f"file://{tmp_path / 'store'}"
+    state = StateStore()
+    job_id = first_try_submits_and_dies(health(root, slow_python), state)
+    executor.wait_for(job_id, "RUNNING")
+    retry = health(root, slow_python)
+    spec = retry.build_job_spec(retry.result_ticket({}))
+    retry.runner.attach(spec, logging.getLogger("retry"), state)
+    retry.on_kill()
+    job = executor.wait(job_id)
+    assert job["status"] == "FAILED" and "on_kill" in job["statusReason"]
+    assert len(executor.submits) == 1
