@@ -4,7 +4,9 @@ Checks that every corpus shard has a committed output shard (its ``part-NNNNN.CO
 verifies) made from the corpus shard as it is now and from this version's weights (its
 reuse key), that ids (int64 or string, the corpus's type) match the corpus exactly shard by shard (same ids, same order, no
 gaps, no duplicates, none across shards), that no output part lacks a corpus shard,
-that every vector is finite with unit norm and names the version. Only then writes
+that every vector is finite with unit norm and names the version. The check for ids
+repeated across shards keeps the ids on disk (:class:`~embedfresh.core.shard_ids.CrossShardIds`),
+so memory does not grow with the corpus. Only then writes
 ``_MANIFEST.json`` (last), a :mod:`embedfresh.core.markers` marker listing every part's sha256 and
 size plus rows per part, model version, corpus and throughput. Anything off is a
 :class:`BadInputError` (exit 2) listing the problems. Torch-free.
@@ -26,6 +28,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.parquet import read_parquet
+from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
     MANIFEST,
     SOURCE_KEYS,
@@ -111,7 +114,6 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
     parts: dict[str, dict[str, Any]] = {}
     files: dict[str, tuple[str, int]] = {}
     hidden_sizes = set()
-    seen: dict[int, np.ndarray] = {}
     settings_seen: dict[str, list[str]] = {}
     version_marker = markers.read_marker(store, layout.model_version(cfg.model, cfg.version))
     if version_marker is None:
@@ -122,63 +124,71 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
     rows = 0
     embed_seconds = 0.0
     real_tokens = padded_tokens = truncated = 0
-    for index, corpus_name in corpus.items():
-        name = layout.part_name(index)
-        check = markers.verify(store, out_dir, commit_name(index))
-        if not check.ok:
-            problems.append(f"{name}: not committed ({check.reason})")
-            continue
-        marker = markers.read_marker(store, out_dir, commit_name(index)) or {}
-        if marker.get("version") != cfg.version or name not in marker["files"]:
-            problems.append(f"{name}: its commit marker is for another version or file")
-            continue
-        recorded = marker.get("reuse_key")
-        if not isinstance(recorded, dict):
-            problems.append(
-                f"{name}: embedded before reuse keys (older output format): re-run the embed "
-                "job, which recomputes it"
+    shard_ids = CrossShardIds()
+    try:
+        for index, corpus_name in corpus.items():
+            name = layout.part_name(index)
+            check = markers.verify(store, out_dir, commit_name(index))
+            if not check.ok:
+                problems.append(f"{name}: not committed ({check.reason})")
+                continue
+            marker = markers.read_marker(store, out_dir, commit_name(index)) or {}
+            if marker.get("version") != cfg.version or name not in marker["files"]:
+                problems.append(f"{name}: its commit marker is for another version or file")
+                continue
+            recorded = marker.get("reuse_key")
+            if not isinstance(recorded, dict):
+                problems.append(
+                    f"{name}: embedded before reuse keys (older output format): re-run the embed "
+                    "job, which recomputes it"
+                )
+                continue
+            current = reuse_key(
+                store=store,
+                source_rel=f"{corpus_dir}/{corpus_name}",
+                version_marker=version_marker,
+                settings={},
             )
-            continue
-        current = reuse_key(
-            store=store,
-            source_rel=f"{corpus_dir}/{corpus_name}",
-            version_marker=version_marker,
-            settings={},
-        )
-        stale = [k for k in SOURCE_KEYS if recorded.get(k) != current.get(k)]
-        if stale:
-            problems.append(
-                f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
-                "the embed job, which recomputes it"
-            )
-            continue
-        shard_settings = {k: v for k, v in recorded.items() if k not in SOURCE_KEYS}
-        settings_seen.setdefault(json.dumps(shard_settings, sort_keys=True), []).append(name)
-        corpus_ids, _ = read_corpus_shard(store, f"{corpus_dir}/{corpus_name}")
-        seen[index] = corpus_ids
-        part_problems, hidden = _check_part(store, f"{out_dir}/{name}", corpus_ids, cfg.version)
-        problems.extend(f"{name}: {p}" for p in part_problems)
-        if hidden is not None:
-            hidden_sizes.add(hidden)
-        entry = marker["files"][name]
-        files[name] = (entry["sha256"], entry["size"])
-        parts[name] = {"rows": len(corpus_ids), "sha256": entry["sha256"], "size": entry["size"]}
-        rows += len(corpus_ids)
-        embed_seconds += float(marker.get("embed_seconds", 0.0))
-        real_tokens += int(marker.get("real_tokens", 0))
-        padded_tokens += int(marker.get("padded_tokens", 0))
-        truncated += int(marker.get("truncated", 0))
-    if len({id_type(ids) for ids in seen.values()}) > 1:
-        problems.append("corpus shards mix int64 and string ids")
-    elif seen:
-        unique, counts = np.unique(np.concatenate(list(seen.values())), return_counts=True)
-        dups = unique[counts > 1]
-        if len(dups):
-            where = [layout.part_name(i) for i, ids in seen.items() if np.isin(dups, ids).any()]
-            problems.append(
-                f"{len(dups)} ids appear in more than one corpus shard ({', '.join(where[:10])}; "
-                f"e.g. {dups[:3].tolist()})"
-            )
+            stale = [k for k in SOURCE_KEYS if recorded.get(k) != current.get(k)]
+            if stale:
+                problems.append(
+                    f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
+                    "the embed job, which recomputes it"
+                )
+                continue
+            shard_settings = {k: v for k, v in recorded.items() if k not in SOURCE_KEYS}
+            settings_seen.setdefault(json.dumps(shard_settings, sort_keys=True), []).append(name)
+            corpus_ids, _ = read_corpus_shard(store, f"{corpus_dir}/{corpus_name}")
+            shard_ids.add(index, corpus_ids)
+            part_problems, hidden = _check_part(store, f"{out_dir}/{name}", corpus_ids, cfg.version)
+            problems.extend(f"{name}: {p}" for p in part_problems)
+            if hidden is not None:
+                hidden_sizes.add(hidden)
+            entry = marker["files"][name]
+            files[name] = (entry["sha256"], entry["size"])
+            parts[name] = {
+                "rows": len(corpus_ids),
+                "sha256": entry["sha256"],
+                "size": entry["size"],
+            }
+            rows += len(corpus_ids)
+            embed_seconds += float(marker.get("embed_seconds", 0.0))
+            real_tokens += int(marker.get("real_tokens", 0))
+            padded_tokens += int(marker.get("padded_tokens", 0))
+            truncated += int(marker.get("truncated", 0))
+        if shard_ids.mixed:
+            problems.append("corpus shards mix int64 and string ids")
+        else:
+            # On disk, hash-partitioned: memory bounded whatever the corpus's size.
+            dups = shard_ids.duplicates()
+            if dups.count:
+                where = [layout.part_name(i) for i in dups.shards]
+                problems.append(
+                    f"{dups.count} ids appear in more than one corpus shard ({', '.join(where)}; "
+                    f"e.g. {dups.examples})"
+                )
+    finally:
+        shard_ids.close()
     if len(hidden_sizes) > 1:
         problems.append(f"parts disagree on the vector width: {sorted(hidden_sizes)}")
     if len(settings_seen) > 1:
