@@ -37,7 +37,12 @@ from pydantic.fields import FieldInfo
 from embedfresh.core.config import JobConfig, load_config
 from embedfresh.core.exit_codes import ExitCode, JobError, TransientError
 from embedfresh.core.layout import safe_id
-from embedfresh.core.results import ATTEMPT_ID_OPTION, RESULT_NAME_OPTION, write_result
+from embedfresh.core.results import (
+    ATTEMPT_ID_OPTION,
+    RESULT_NAME_OPTION,
+    array_child_name,
+    write_result,
+)
 from embedfresh.core.storage import is_transient
 
 C = TypeVar("C", bound=JobConfig)
@@ -99,7 +104,9 @@ def run_job(
     args = parser.parse_args(argv)
     configure_logging()
     try:
-        result_name = safe_id(args.result_name or name, "result name")
+        # The children of an AWS Batch array job share one command line: each adds its
+        # index to the record's name, so every child's record is its own object.
+        result_name = array_child_name(safe_id(args.result_name or name, "result name"))
         config = load_config(config_cls, args.config, args.overrides)
         started_at = dt.datetime.now(dt.UTC)
         with _sigterm_exits_75(), _lease(name, config):  # one writer per unit of work

@@ -61,6 +61,9 @@ _EXECUTION_ENV = {
     "AWS_BATCH_JQ_NAME": "aws_batch_job_queue",
 }
 
+#: What AWS Batch tells each child of an array job: its index, 0 to size - 1.
+ARRAY_INDEX_ENV = "AWS_BATCH_JOB_ARRAY_INDEX"
+
 _MAX_NAME = 200
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_:+=-]+")
 
@@ -162,6 +165,48 @@ def result_name(task_id: str, *, dag_id: str | None = None, map_index: int | Non
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     readable = _NOT_IN_NAME.sub("-", name)[: _MAX_NAME - 20].strip("-_:+=")
     return f"{readable or 'task'}={digest}"
+
+
+def child_result_name(name: str, index: int) -> str:
+    """The record name of child ``index`` of an array job started with record name ``name``:
+    ``{name}+{index}`` (``corpus_embeddings:embed+7``).
+
+    Every child of an AWS Batch array job runs the same command line, so each would
+    write the same record; the job adds its own index (:func:`array_child_name`), and
+    the operator reads ``+0`` to ``+{size - 1}``. ``+`` appears in no result name the
+    operators build (:func:`result_name`), so no child's record is a task's. A name too
+    long for the index keeps a prefix and a hash of the whole.
+    """
+    if index < 0:
+        raise ValueError(f"an array index is >= 0, got {index}")
+    return suffixed_result_name(name, str(index))
+
+
+def suffixed_result_name(name: str, suffix: str) -> str:
+    """``{name}+{suffix}``: the record of one part of a task's work (an array child, the
+    planning step), within the 200 characters of a name (a long ``name`` keeps a prefix
+    and a hash of the whole, so two names never meet)."""
+    tail = f"+{suffix}"
+    if len(name) + len(tail) > _MAX_NAME:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name[: _MAX_NAME - len(tail) - 17]}={digest}"
+    return layout.safe_id(f"{name}{tail}", "result name")
+
+
+def array_child_name(name: str, env: Mapping[str, str] | None = None) -> str:
+    """``name`` as this process's result record name: :func:`child_result_name` with
+    ``$AWS_BATCH_JOB_ARRAY_INDEX`` in a child of an array job, ``name`` itself elsewhere.
+
+    :raises BadInputError: the variable is set but not a whole number >= 0.
+    """
+    raw = (os.environ if env is None else env).get(ARRAY_INDEX_ENV, "").strip()
+    if not raw:
+        return name
+    try:
+        index = int(raw)
+        return child_result_name(name, index)
+    except ValueError:
+        raise BadInputError(f"{ARRAY_INDEX_ENV} must be a whole number >= 0, got {raw!r}") from None
 
 
 def new_attempt_id() -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import queue
 import resource
 import threading
@@ -46,6 +47,7 @@ import pyarrow.parquet as pq
 from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
+from embedfresh.core.embed_plan import EmbedPlan, read_plan, slice_count, write_plan
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.parquet import read_parquet
 from embedfresh.core.shards import (
@@ -156,12 +158,15 @@ class _Prefetcher:
 
 def embed(cfg: EmbedConfig) -> dict[str, Any]:
     """Embed corpus shards with a model version; skip shards already committed."""
-    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.backends import get_backend, resolve_name
     from embedfresh.ml.model import versions
 
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
-    backend = get_backend(cfg.backend)
+    # An array child reads its plan and picks its slice first: a wrong index or plan
+    # fails (exit 2) before the model is loaded or anything is written.
+    child_plan = _child_plan(store, cfg) if cfg.plan and cfg.mode == "embed" else None
+    backend = get_backend(cfg.backend) if cfg.mode == "embed" else None
     version = versions.load(store, cfg.model, cfg.version)
     spec = version.spec
     hidden = spec.embedding_dim
@@ -172,7 +177,10 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     corpus_dir = layout.corpus(cfg.corpus)
     out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
     available = corpus_shards(store, cfg.corpus)
-    wanted = list(available) if cfg.shards is None else cfg.shards
+    if child_plan is not None:
+        wanted = child_plan.slice(int(cfg.array_index or 0))
+    else:
+        wanted = list(available) if cfg.shards is None else cfg.shards
     unknown = [i for i in wanted if i not in available]
     if unknown:
         raise BadInputError(
@@ -181,7 +189,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         )
 
     # Every setting that changes the vectors (not the batching: packed/padded, budget and
-    # bucket lengths give the same vectors up to float rounding).
+    # bucket lengths give the same vectors up to float rounding). The planner names the
+    # backend without building it: it may plan on a host without the job's device.
     settings = {
         "max_length": max_length,
         "pooling": spec.pooling_mode,
@@ -189,32 +198,34 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "prompt": spec.prompt("document"),
         "normalize": True,
         "quantize": cfg.quantize,
-        "backend": backend.name,
+        "backend": backend.name if backend is not None else resolve_name(cfg.backend),
     }
-    keys = {
-        i: reuse_key(
-            store=store,
-            source_rel=f"{corpus_dir}/{available[i]}",
-            version_marker=version_marker,
-            settings=settings,
-        )
-        for i in wanted
-    }
-    skipped, todo, recomputed = [], [], []
-    for i in wanted:
-        reason = stale_reason(markers.read_marker(store, out_dir, commit_name(i)), keys[i])
-        if reason is None:
-            check = markers.verify(store, out_dir, commit_name(i))
-            reason = None if check.ok else f"output does not verify: {check.reason}"
-        if reason is None:
-            skipped.append(i)
-            continue
-        todo.append(i)
-        if reason != "not committed":
-            recomputed.append({"shard": i, "reason": reason})
-            log.warning("shard %d is recomputed: %s", i, reason)
+    status = shard_status(
+        store,
+        corpus_dir=corpus_dir,
+        out_dir=out_dir,
+        available=available,
+        wanted=wanted,
+        version_marker=version_marker,
+        settings=settings,
+        # The planner checks each part's size (a HEAD); the child that embeds a shard
+        # streams it through its sha256 before reusing it (every byte of every part
+        # read once per run would be the corpus's whole output through one host).
+        full_check=cfg.mode == "embed",
+    )
+    keys, skipped, todo, recomputed = status.keys, status.skipped, status.todo, status.recomputed
+    for item in recomputed:
+        log.warning("shard %d is recomputed: %s", item["shard"], item["reason"])
     if skipped:
-        log.info("shards %s committed and current in %s: reused", skipped, store.url(out_dir))
+        log.info(
+            "%d shard(s) committed and current in %s: reused (%s)",
+            len(skipped),
+            store.url(out_dir),
+            _ranges(skipped),
+        )
+    if cfg.mode == "plan":
+        return _write_plan(store, cfg, out_dir, todo, skipped, recomputed, started)
+    assert backend is not None
 
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
     prompt = spec.prompt("document")
@@ -286,8 +297,11 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                 f"(report: {store.url(report_rel)})"
             )
     if todo and store.exists(f"{out_dir}/{MANIFEST}"):
-        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, todo)
-        store.remove(f"{out_dir}/{MANIFEST}")
+        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, _ranges(todo))
+        try:
+            store.remove(f"{out_dir}/{MANIFEST}")
+        except FileNotFoundError:  # another child of the same array job was first
+            pass
     totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
     truncated_per_shard: dict[int, int] = {}
     embed_seconds = 0.0
@@ -369,6 +383,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "model": cfg.model,
         "run_id": cfg.run_id,
         "version": cfg.version,
+        "plan": store.url(cfg.plan) if cfg.plan else None,
+        "array_index": cfg.array_index,
         "version_url": version.url,
         "corpus": cfg.corpus,
         "output": store.url(out_dir),
@@ -407,6 +423,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     store.write_json(report_rel, report)
     return {
         "status": "ok",
+        **(_child_facts(cfg) if cfg.plan else {}),
         "rows": totals["rows"],
         "truncated": totals["truncated"],
         "shards_done": done,
@@ -415,6 +432,183 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "output": store.url(out_dir),
         "report": store.url(report_rel),
     }
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """Which of the wanted shards are reused and which are (re)embedded, and why."""
+
+    keys: dict[int, dict[str, Any]]
+    skipped: list[int]
+    todo: list[int]
+    recomputed: list[dict[str, Any]]
+
+
+#: Shards whose key and marker are read at once (each is two HEADs and one GET on S3).
+STATUS_THREADS = 16
+
+
+def shard_status(
+    store: ArtifactStore,
+    *,
+    corpus_dir: str,
+    out_dir: str,
+    available: dict[int, str],
+    wanted: list[int],
+    version_marker: dict[str, Any],
+    settings: dict[str, Any],
+    full_check: bool = True,
+) -> ShardStatus:
+    """The reuse rule, one place for the embed job and its planner.
+
+    A committed shard is reused only when its marker's reuse key equals the current one
+    (:func:`~embedfresh.core.shards.stale_reason`) and its part checks out: every byte
+    through its sha256 (``full_check``, what the job does before it skips a shard), or
+    only each listed object's size (the planner: a HEAD a shard).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> tuple[int, dict[str, Any], str | None]:
+        key = reuse_key(
+            store=store,
+            source_rel=f"{corpus_dir}/{available[i]}",
+            version_marker=version_marker,
+            settings=settings,
+        )
+        marker = markers.read_marker(store, out_dir, commit_name(i))
+        reason = stale_reason(marker, key)
+        if reason is None and full_check:
+            check = markers.verify(store, out_dir, commit_name(i))
+            reason = None if check.ok else f"output does not verify: {check.reason}"
+        elif reason is None:
+            reason = _size_problem(store, out_dir, marker or {})
+        return i, key, reason
+
+    with ThreadPoolExecutor(max_workers=max(1, min(STATUS_THREADS, len(wanted)))) as pool:
+        results = list(pool.map(one, wanted))
+    keys: dict[int, dict[str, Any]] = {}
+    skipped, todo, recomputed = [], [], []
+    for i, key, reason in results:
+        keys[i] = key
+        if reason is None:
+            skipped.append(i)
+            continue
+        todo.append(i)
+        if reason != "not committed":
+            recomputed.append({"shard": i, "reason": reason})
+    return ShardStatus(keys, skipped, todo, recomputed)
+
+
+def _size_problem(store: ArtifactStore, out_dir: str, marker: dict[str, Any]) -> str | None:
+    for name, entry in sorted(marker.get("files", {}).items()):
+        try:
+            size = store.size(f"{out_dir}/{name}")
+        except FileNotFoundError:
+            return f"output does not verify: {name} is missing"
+        if size != entry.get("size"):
+            return (
+                f"output does not verify: {name} has {size} bytes, marker says {entry.get('size')}"
+            )
+    return None
+
+
+def _child_facts(cfg: EmbedConfig) -> dict[str, Any]:
+    """An array child's index, and the Batch attempt that embedded its slice (a retried
+    child says 2 or more), for the operator's combined summary."""
+    facts: dict[str, Any] = {"array_index": cfg.array_index}
+    attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT", "").strip()
+    if attempt.isdigit():
+        facts["aws_batch_job_attempt"] = int(attempt)
+    return facts
+
+
+def _child_plan(store: ArtifactStore, cfg: EmbedConfig) -> EmbedPlan:
+    """The plan this array child was submitted with, checked against its own config.
+
+    :raises BadInputError: no such plan, not the bytes it was submitted with, another
+        model/version/corpus/run's plan, or an index outside the plan's slices.
+    """
+    assert cfg.plan is not None
+    plan = read_plan(store, cfg.plan, cfg.plan_sha256)
+    mine = (cfg.model, cfg.version, cfg.corpus, cfg.run_id)
+    theirs = (plan.model, plan.version, plan.corpus, plan.run_id)
+    if mine != theirs:
+        raise BadInputError(
+            f"embed plan {store.url(cfg.plan)} is for model/version/corpus/run {theirs}, "
+            f"this job is {mine}"
+        )
+    index = int(cfg.array_index or 0)
+    shards = plan.slice(index)  # raises BadInputError outside 0..slices-1
+    log.info(
+        "array child %d of %d: %d shard(s) of plan %s (%s)",
+        index,
+        plan.slices,
+        len(shards),
+        store.url(cfg.plan),
+        _ranges(shards),
+    )
+    return plan
+
+
+def _write_plan(
+    store: ArtifactStore,
+    cfg: EmbedConfig,
+    out_dir: str,
+    todo: list[int],
+    skipped: list[int],
+    recomputed: list[dict[str, Any]],
+    started: float,
+) -> dict[str, Any]:
+    """``mode=plan``: write the plan of the pending shards; embed nothing."""
+    assert cfg.plan is not None
+    slices = slice_count(len(todo), cfg.max_children) if todo else 0
+    plan = EmbedPlan(
+        model=cfg.model,
+        version=cfg.version,
+        corpus=cfg.corpus,
+        run_id=cfg.run_id,
+        shards=sorted(todo),
+        slices=slices,
+        reused=sorted(skipped),
+        recomputed=recomputed,
+    )
+    sha = write_plan(store, cfg.plan, plan)
+    log.info(
+        "plan %s: %d shard(s) pending (%s) in %d slice(s), %d reused, %d recomputed",
+        store.url(cfg.plan),
+        len(todo),
+        _ranges(sorted(todo)),
+        slices,
+        len(skipped),
+        len(recomputed),
+    )
+    return {
+        "status": "ok",
+        "mode": "plan",
+        "plan": cfg.plan,
+        "plan_url": store.url(cfg.plan),
+        "plan_sha256": sha,
+        "slices": slices,
+        "shards_pending": len(todo),
+        "shards_reused": len(skipped),
+        "shards_recomputed": len(recomputed),
+        "output": store.url(out_dir),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _ranges(indices: list[int]) -> str:
+    """``0-4, 7, 9-12``: a sorted shard list as the log shows it, short at any size."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    if len(parts) > 12:
+        return f"{', '.join(parts[:6])}, ... {len(parts) - 12} more ..., {', '.join(parts[-6:])}"
+    return ", ".join(parts)
 
 
 def _peak_rss_mib() -> float:

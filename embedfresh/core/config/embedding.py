@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+import os
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from embedfresh.core.config.base import JobConfig
 from embedfresh.core.layout import safe_id
@@ -49,6 +50,67 @@ class EmbedConfig(JobConfig):
     ``dataset``, int8 against fp32, tolerance 0.001) and writes nothing unless it passes."""
     dataset: str = "products"
     """Dataset whose eval split the int8 parity gate reads (unused with quantize=none)."""
+    mode: Literal["embed", "plan"] = "embed"
+    """``plan``: embed nothing; list the shards whose output is not committed and current
+    (the same reuse rule as ``embed``), split them in ``max_children`` slices and write
+    the plan to ``plan`` (:mod:`embedfresh.core.embed_plan`): an array job's first step."""
+    plan: str | None = None
+    """Path of an embed plan under the artifact root. With ``mode=embed``: this execution
+    is one child of an array job and embeds slice ``array_index`` of the plan; with
+    ``mode=plan``: where the plan is written."""
+    plan_sha256: str | None = None
+    """sha256 of the plan's bytes: a child refuses a plan that is not the one it was
+    submitted with."""
+    array_index: int | None = Field(default=None, ge=0)
+    """The child's index in its array job; default ``$AWS_BATCH_JOB_ARRAY_INDEX`` (what
+    AWS Batch sets), else 0 (the plain job of a one-slice plan). Only with a plan."""
+    max_children: int = Field(default=1000, ge=1, le=10_000)
+    """``mode=plan``: the most slices (array children) the pending shards are cut in;
+    AWS Batch takes at most 10,000 children per array job."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _array_index_from_batch(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("plan")
+            and data.get("mode", "embed") == "embed"
+            and data.get("array_index") is None
+        ):
+            raw = os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX", "").strip()
+            try:
+                index = int(raw) if raw else 0
+            except ValueError:
+                raise ValueError(
+                    f"AWS_BATCH_JOB_ARRAY_INDEX must be a whole number, got {raw!r}"
+                ) from None
+            data = {**data, "array_index": index}
+        return data
+
+    @model_validator(mode="after")
+    def _plan_fields(self) -> EmbedConfig:
+        if self.mode == "plan":
+            if not self.plan:
+                raise ValueError("mode=plan needs plan: the path to write the plan to")
+            if self.array_index is not None:
+                raise ValueError("array_index is for the children of a plan, not mode=plan")
+        if self.plan and self.shards is not None:
+            raise ValueError("give shards or plan, not both: a plan names the shards")
+        if self.array_index is not None and not self.plan:
+            raise ValueError("array_index needs plan: the index is a slice of a plan")
+        return self
+
+    @field_validator("plan")
+    @classmethod
+    def _plan_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        parts = v.split("/")
+        if v.startswith("/") or "://" in v or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"plan must be a relative path under the artifact root, got {v!r}")
+        for part in parts:
+            safe_id(part, "plan path segment")
+        return v
 
     @field_validator("corpus", "version", "dataset")
     @classmethod
@@ -56,7 +118,13 @@ class EmbedConfig(JobConfig):
         return safe_id(v, "name")
 
     def lease_unit(self, job: str) -> str:
-        """Mapped embed tasks of one run hold different units: their shards."""
+        """Mapped embed tasks of one run hold different units: their shards; the children
+        of one array job theirs (the plan and the index); a planner its plan."""
+        if self.plan:
+            tag = hashlib.sha256(self.plan.encode()).hexdigest()[:12]
+            if self.mode == "plan":
+                return f"{job}-plan-{tag}"
+            return f"{job}-plan-{tag}-{self.array_index}"
         if self.shards is None:
             return job
         listed = "-".join(str(i) for i in sorted(self.shards))
@@ -86,7 +154,12 @@ class EmbedConfig(JobConfig):
 
     @property
     def report_kind(self) -> str:
-        """``embed`` for all shards; ``embed-<first>-<last>`` (or ``embed-<i>``) otherwise."""
+        """``embed`` for all shards; ``embed-<first>-<last>`` (or ``embed-<i>``) otherwise;
+        ``embed-plan`` for a planner, ``embed-child-<index>`` for a child of an array job."""
+        if self.mode == "plan":
+            return "embed-plan"
+        if self.plan:
+            return f"embed-child-{self.array_index}"
         if self.shards is None:
             return "embed"
         first, last = self.shards[0], self.shards[-1]
