@@ -1,18 +1,27 @@
 """Batch embedding of a corpus with one model version, fanned out over corpus shards.
 
-``ResolveModelVersionOperator`` (which version) -> ``CorpusShardsOperator`` (which shards,
-as a list for dynamic task mapping) -> ``BatchEmbeddingOperator.partial(...).expand(
-shards=...)`` -> ``EmbeddingVerifyOperator`` (counts against the corpus, manifest, Asset).
-The first two run in the worker itself and stay light: no torch, only the artifact store.
+Two fan-outs, one verify step:
+
+- **mapped tasks** (the local runner, small corpora): ``ResolveModelVersionOperator``
+  (which version) -> ``CorpusShardsOperator`` (which shards, as a list for dynamic task
+  mapping) -> ``BatchEmbeddingOperator.partial(...).expand(shards=...)``;
+- **one AWS Batch array job** (large corpora): ``ResolveModelVersionOperator`` ->
+  ``BatchArrayEmbeddingOperator(execution_mode="aws_batch", ...)``, one task that plans
+  the pending shards and submits one array job whose children embed a slice each;
+
+then ``EmbeddingVerifyOperator`` (counts against the corpus, manifest, Asset) for both.
+The listing operators run in the worker itself and stay light: no torch, only the
+artifact store. docs/SCALING.md says when to choose which.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
@@ -20,7 +29,13 @@ from embedfresh.operators.assets import (
     AssetAnnouncingOperator,
 )
 from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
+from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.registry import production_version
+from embedfresh.operators.runners import JobResult
+
+if TYPE_CHECKING:
+    from embedfresh.core.embed_plan import EmbedPlan
+    from embedfresh.core.results import ResultTicket
 
 
 class ResolveModelVersionOperator(FailFastTemplatesMixin, BaseOperator):
@@ -157,6 +172,270 @@ class BatchEmbeddingOperator(_EmbedJobOperator):
         if self.shards is not None:
             settings["shards"] = self.shards
         return settings
+
+
+class BatchArrayEmbeddingOperator(_EmbedJobOperator):
+    """Embeds every pending shard of a corpus in one task: one AWS Batch array job.
+
+    What a mapped ``BatchEmbeddingOperator`` does with one task per shard group, this
+    does with one task and one ``SubmitJob``, for corpora of thousands of shards
+    (Airflow maps at most ``max_map_length`` = 1,024 tasks, and each mapped task holds a
+    worker slot and pays a task start). In order:
+
+    1. **plan**: the embed job in ``mode=plan`` runs on the worker (a subprocess: it
+       reads markers and corpus ETags, embeds nothing) and lists the shards whose output
+       is not committed and current, by the embed job's own reuse rule; it writes the
+       plan (the pending shards and the slice count, ``min(pending, max_children)``) to
+       ``runs/<model>/<run_id>/plans/<result name>/<attempt id>.json``
+       (:mod:`embedfresh.core.embed_plan`). Nothing pending: the task returns at once,
+       nothing is submitted;
+    2. **submit** through :attr:`runner` one job with ``array_size`` = the slice count
+       (one slice: a plain job), every child told the plan's path and sha256; Batch's
+       retry strategy retries a child that exits 75 or loses its host, and the task
+       waits (``deferrable`` or polling, the runner's setting);
+    3. **collect**: each child writes its result record as ``<result name>+<index>``;
+       the task reads every one and returns the combined summary: children by state,
+       shards embedded and reused, rows, the children that needed a retry.
+
+    A re-run plans again, so it submits only what is still pending. With any
+    ``execution_mode`` but ``aws_batch`` the plan has one slice: one job embeds every
+    pending shard. The verify step after it is the same ``EmbeddingVerifyOperator``.
+
+    .. seealso:: docs/SCALING.md (array job or mapped tasks; the limits on the way)
+
+    :param version: model version to embed with (templated).
+    :param corpus: corpus name (templated).
+    :param max_children: the most array children (2 to 10,000; 1: always a plain job)
+        the pending shards are split over (templated).
+    :param token_budget: padded tokens per batch (templated).
+    :raises AirflowFailException: the plan or a child exited 2, 3 or 4 (bad input).
+    :raises AirflowException: the array job failed (a child failed every attempt Batch
+        gave it), or a child's record is missing: retried, and the retry plans only the
+        shards still pending.
+    """
+
+    job_name = "embed"
+    template_fields: Sequence[str] = (
+        *_EmbedJobOperator.template_fields,
+        "max_children",
+        "token_budget",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_children: int | str = 1000,
+        token_budget: int | str = 4096,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_children = max_children
+        self.token_budget = token_budget
+        self._ticket: ResultTicket | None = None
+        self._job_details: dict[str, Any] = {}
+
+    def job_specific_settings(self) -> dict[str, Any]:
+        return {**super().job_specific_settings(), "token_budget": self.token_budget}
+
+    # --- planning ---------------------------------------------------------------------
+
+    def _children_allowed(self) -> int:
+        from embedfresh.core.embed_plan import MAX_CHILDREN
+        from embedfresh.operators.constants import ExecutionMode
+
+        try:
+            wanted = int(self.max_children)
+        except (TypeError, ValueError):
+            raise AirflowFailException(
+                f"max_children must be a whole number, got {self.max_children!r}"
+            ) from None
+        if not 1 <= wanted <= MAX_CHILDREN:
+            raise AirflowFailException(
+                f"max_children must be 1 to {MAX_CHILDREN} (AWS Batch's array size), got {wanted}"
+            )
+        if self.execution_mode != ExecutionMode.AWS_BATCH and wanted > 1:
+            self.log.warning(
+                "execution_mode=%s starts no array jobs: one job embeds every pending shard",
+                self.execution_mode,
+            )
+            return 1
+        return wanted
+
+    def _plan_rel(self, ticket: ResultTicket) -> str:
+        from embedfresh.core.embed_plan import plan_path
+
+        return plan_path(str(self.model), str(self.run_id), ticket.name, ticket.attempt_id)
+
+    def plan(self, ticket: ResultTicket) -> dict[str, Any]:
+        """Run the embed job's planner on the worker; its summary (slices, counts)."""
+        from embedfresh.core.results import ResultTicket, new_attempt_id, suffixed_result_name
+        from embedfresh.operators.runners import LocalRunner
+
+        base = super().build_job_spec(None)
+        settings = {
+            **base.settings,
+            "mode": "plan",
+            "plan": self._plan_rel(ticket),
+            "max_children": self._children_allowed(),
+        }
+        spec = JobSpec(
+            job=self.job_name,
+            settings=settings,
+            env=base.env,
+            result=ResultTicket(
+                name=suffixed_result_name(ticket.name, "plan"), attempt_id=new_attempt_id()
+            ),
+        )
+        self.log.info("planning: which shards of corpus %s are pending", self.corpus)
+        self._plan_runner = LocalRunner()
+        summary = self.handle_result(spec, self._plan_runner.run(spec, self.log))
+        self.log.info(
+            "plan %s: %s shard(s) pending in %s slice(s), %s reused, %s recomputed",
+            summary.get("plan_url"),
+            summary.get("shards_pending"),
+            summary.get("slices"),
+            summary.get("shards_reused"),
+            summary.get("shards_recomputed"),
+        )
+        return summary
+
+    def read_plan(self, ticket: ResultTicket) -> tuple[EmbedPlan, str]:
+        """The plan execution ``ticket`` wrote, and its sha256."""
+        import hashlib
+
+        from embedfresh.core.embed_plan import read_plan
+        from embedfresh.core.exit_codes import BadInputError
+        from embedfresh.core.storage import ArtifactStore
+
+        store = ArtifactStore(self.artifact_root)
+        rel = self._plan_rel(ticket)
+        try:
+            data = store.read_bytes(rel)
+            sha = hashlib.sha256(data).hexdigest()
+            return read_plan(store, rel, sha), sha
+        except FileNotFoundError:
+            raise AirflowException(
+                f"embed plan {store.url(rel)} is missing: the task is retried and plans again"
+            ) from None
+        except BadInputError as e:
+            raise AirflowException(str(e)) from e
+
+    # --- the job ----------------------------------------------------------------------
+
+    def result_ticket(self, context: Any) -> ResultTicket:
+        # The one ticket of this execution: the plan is keyed to it.
+        if self._ticket is None:
+            self._ticket = super().result_ticket(context)
+        return self._ticket
+
+    def build_job_spec(self, result: ResultTicket | None = None) -> JobSpec:
+        """The array job: every child gets the plan's path and sha256 and finds its slice
+        by ``AWS_BATCH_JOB_ARRAY_INDEX``; ``array_size`` is the plan's slice count (one
+        slice: a plain job)."""
+        spec = super().build_job_spec(result)
+        if result is None:
+            return spec
+        plan, sha = self.read_plan(result)
+        settings = {**spec.settings, "plan": self._plan_rel(result), "plan_sha256": sha}
+        return dataclasses.replace(spec, settings=settings, array_size=max(1, plan.slices))
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        self.use_run_context(context)
+        self.verify_inputs()
+        ticket = self.result_ticket(context)
+        planned = self.plan(ticket)
+        if not planned.get("slices"):
+            self.log.info(
+                "every shard of %s is committed and current: nothing to submit", self.corpus
+            )
+            return self._combined(planned, [], {})
+        return super().execute(context)
+
+    def handle_result(self, spec: JobSpec, result: JobResult) -> dict[str, Any]:
+        if spec.settings.get("mode") != "plan":
+            self._job_details = dict(result.details)
+        return super().handle_result(spec, result)
+
+    def read_result(self, spec: JobSpec) -> dict[str, Any]:
+        """Every child's result record, combined (the plan's record: the planner's summary)."""
+        if spec.settings.get("mode") == "plan" or spec.result is None:
+            return super().read_result(spec)
+        from embedfresh.core.results import ResultTicket, child_result_name
+
+        plan, _ = self.read_plan(spec.result)
+        if plan.slices <= 1:
+            names = [spec.result.name]
+        else:
+            names = [child_result_name(spec.result.name, i) for i in range(plan.slices)]
+        summaries = []
+        for name in names:
+            child = dataclasses.replace(
+                spec, result=ResultTicket(name=name, attempt_id=spec.result.attempt_id)
+            )
+            summaries.append(super().read_result(child))
+        planned = {
+            "plan_url": self._store_url(self._plan_rel(spec.result)),
+            "slices": plan.slices,
+            "shards_pending": len(plan.shards),
+            "shards_reused": len(plan.reused),
+            "shards_recomputed": len(plan.recomputed),
+        }
+        return self._combined(planned, summaries, self._job_details)
+
+    def _store_url(self, rel: str) -> str:
+        from embedfresh.core.storage import ArtifactStore
+
+        return ArtifactStore(self.artifact_root).url(rel)
+
+    def _combined(
+        self,
+        planned: dict[str, Any],
+        children: list[dict[str, Any]],
+        details: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The task's XCom: what was planned, and what the children did."""
+        by_state = details.get("children_by_state") or details.get("children")
+        if not isinstance(by_state, dict):
+            by_state = {"SUCCEEDED": len(children)} if children else {}
+        done = sorted(i for c in children for i in c.get("shards_done", []))
+        skipped = sorted(i for c in children for i in c.get("shards_skipped", []))
+        retried = sorted(
+            int(c["array_index"] or 0)
+            for c in children
+            if int(c.get("aws_batch_job_attempt") or 1) > 1
+        )
+        summary = {
+            "status": "ok",
+            "plan": planned.get("plan_url"),
+            "children": len(children),
+            "children_by_state": by_state,
+            "children_retried": retried,
+            "shards_pending": planned.get("shards_pending", 0),
+            "shards_embedded": len(done),
+            # Reused at planning time, plus any a child found committed when it started
+            # (another run's task got there first).
+            "shards_reused": int(planned.get("shards_reused", 0)) + len(skipped),
+            "shards_recomputed": planned.get("shards_recomputed", 0),
+            "rows": sum(int(c.get("rows", 0)) for c in children),
+            "truncated": sum(int(c.get("truncated", 0)) for c in children),
+            "output": planned.get("output") or (children[0].get("output") if children else None),
+            "aws_batch_job_id": details.get("aws_batch_job_id"),
+        }
+        self.log.info(
+            "embedded %d shard(s) (%d rows) in %d child(ren) %s; %d shard(s) reused",
+            summary["shards_embedded"],
+            summary["rows"],
+            summary["children"],
+            summary["children_by_state"],
+            summary["shards_reused"],
+        )
+        return summary
+
+    def on_kill(self) -> None:
+        planner = getattr(self, "_plan_runner", None)
+        if planner is not None:
+            planner.kill()
+        super().on_kill()
 
 
 class EmbeddingVerifyOperator(AssetAnnouncingOperator, _EmbedJobOperator):
