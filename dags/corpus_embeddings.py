@@ -4,10 +4,24 @@ Runs whenever the default model's Asset ``embedfresh://models/tiny`` is updated 
 promotion by ``embedding_model_refresh``), and by hand for any corpus, model and version.
 An empty ``version`` means the registry's production version of ``model``.
 
-The corpus's shards fan out with dynamic task mapping (``shards_per_task`` shards per
-mapped ``embed`` task); each skips shards already committed, so a retry only redoes what
-is missing. ``verify`` checks every shard against the corpus, writes the manifest and
-updates the Asset ``embedfresh://embeddings/<model>/<corpus>``.
+How the shards fan out is a deployment setting, read when the DAG file is parsed
+(the graph differs), from ``EMBEDFRESH_EMBED_FAN_OUT``:
+
+- ``mapped`` (default: the local runner, small corpora): ``list_shards`` and one mapped
+  ``embed`` task per ``shards_per_task`` shards; each skips shards already committed,
+  so a retry only redoes what is missing. Airflow maps at most ``max_map_length``
+  (1,024 by default) tasks, and each holds a worker slot and pays a task start;
+- ``array`` (large corpora on AWS Batch): one ``embed`` task
+  (``BatchArrayEmbeddingOperator``) plans the shards whose output is not committed and
+  current and submits one AWS Batch array job of at most ``max_children`` children
+  (Param; Batch's limit is 10,000), each embedding a slice; a re-run submits only what
+  is still pending. It needs ``EMBEDFRESH_BATCH_JOB_QUEUE`` and
+  ``EMBEDFRESH_BATCH_JOB_DEFINITION``; ``EMBEDFRESH_EMBED_MAX_CHILDREN`` sets the
+  Param's default (1,000).
+
+Either way ``verify`` checks every shard against the corpus, writes the manifest and
+updates the Asset ``embedfresh://embeddings/<model>/<corpus>``. docs/SCALING.md says
+where each one stops scaling.
 
 The Params' defaults run the embedded demo on CPU (after ``python -m embedfresh.jobs.generate_data``
 and a promotion, or with ``version`` set to a published model version).
@@ -16,6 +30,7 @@ and a promotion, or with ``version`` set to a published model version).
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 from airflow.sdk import DAG, Param
 
@@ -26,9 +41,45 @@ from embedfresh.operators import (
     ResolveModelVersionOperator,
     model_asset,
 )
+from embedfresh.operators.embed import BatchArrayEmbeddingOperator
 from embedfresh.operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
 
 VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
+
+#: ``mapped`` (default) or ``array``: how the embed step fans out (module docstring).
+FAN_OUT = os.environ.get("EMBEDFRESH_EMBED_FAN_OUT", "mapped").strip() or "mapped"
+if FAN_OUT not in ("mapped", "array"):
+    raise ValueError(f"EMBEDFRESH_EMBED_FAN_OUT must be mapped or array, got {FAN_OUT!r}")
+
+
+def _batch_settings() -> dict[str, str]:
+    """The array fan-out's AWS Batch queue and job definition, from the environment."""
+    names = {
+        "job_queue": "EMBEDFRESH_BATCH_JOB_QUEUE",
+        "job_definition": "EMBEDFRESH_BATCH_JOB_DEFINITION",
+    }
+    missing = [env for env in names.values() if not os.environ.get(env)]
+    if missing:
+        raise ValueError(f"EMBEDFRESH_EMBED_FAN_OUT=array needs {' and '.join(missing)}")
+    return {key: os.environ[env] for key, env in names.items()}
+
+
+if FAN_OUT == "mapped":
+    FAN_OUT_PARAMS = {
+        "shards_per_task": Param(
+            1, type="integer", minimum=1, description="Corpus shards per mapped embed task"
+        ),
+    }
+else:
+    FAN_OUT_PARAMS = {
+        "max_children": Param(
+            int(os.environ.get("EMBEDFRESH_EMBED_MAX_CHILDREN", "1000")),
+            type="integer",
+            minimum=1,
+            maximum=10_000,
+            description="Most children of the AWS Batch array job (one slice: a plain job)",
+        ),
+    }
 
 with DAG(
     "corpus_embeddings",
@@ -45,9 +96,7 @@ with DAG(
         "version": Param(
             "", type="string", description="Model version; empty: the production version"
         ),
-        "shards_per_task": Param(
-            1, type="integer", minimum=1, description="Corpus shards per mapped embed task"
-        ),
+        **FAN_OUT_PARAMS,
     },
     tags=["embedfresh"],
 ) as dag:
@@ -58,17 +107,28 @@ with DAG(
         version="{{ params.version }}",
         corpus="{{ params.corpus }}",
     )
-    list_shards = CorpusShardsOperator(
-        task_id="list_shards",
-        artifact_root="{{ params.artifact_root }}",
-        corpus="{{ params.corpus }}",
-        shards_per_task="{{ params.shards_per_task }}",
-    )
-    embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
-    ).expand(shards=list_shards.output)
     verify = EmbeddingVerifyOperator(
         task_id="verify", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
     )
-
-    resolve_version >> list_shards >> embed >> verify
+    if FAN_OUT == "mapped":
+        list_shards = CorpusShardsOperator(
+            task_id="list_shards",
+            artifact_root="{{ params.artifact_root }}",
+            corpus="{{ params.corpus }}",
+            shards_per_task="{{ params.shards_per_task }}",
+        )
+        embed = BatchEmbeddingOperator.partial(
+            task_id="embed", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
+        ).expand(shards=list_shards.output)
+        resolve_version >> list_shards >> embed >> verify
+    else:
+        embed_array = BatchArrayEmbeddingOperator(
+            task_id="embed",
+            **COMMON_JOB_ARGS,
+            version=VERSION,
+            corpus="{{ params.corpus }}",
+            max_children="{{ params.max_children }}",
+            execution_mode="aws_batch",
+            batch=_batch_settings(),
+        )
+        resolve_version >> embed_array >> verify

@@ -357,3 +357,39 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     assert len(executor.submits) == 2 and "arrayProperties" not in executor.submits[1]
     assert redo["shards_embedded"] == 1 and redo["shards_reused"] == SHARDS - 1
     assert part_hashes(stores["batch"], CORPUS) == batch_parts
+
+
+# --- the DAG's setting ----------------------------------------------------------------
+
+ARRAY_ENV = {
+    "EMBEDFRESH_EMBED_FAN_OUT": "array",
+    "EMBEDFRESH_BATCH_JOB_QUEUE": "embed-queue",
+    "EMBEDFRESH_BATCH_JOB_DEFINITION": "embedfresh-cpu",
+    "EMBEDFRESH_EMBED_MAX_CHILDREN": "500",
+}
+
+
+def test_corpus_embeddings_as_one_array_job_task_when_so_deployed(tmp_path: Path):
+    from tests.test_dag_integrity import parse_dags
+
+    facts = parse_dags(tmp_path, ARRAY_ENV)
+    assert facts["heavy_modules_loaded"] == []
+    dag = facts["dags"]["corpus_embeddings"]
+    assert {k: v["upstream"] for k, v in dag["tasks"].items()} == {
+        "resolve_version": [],
+        "embed": ["resolve_version"],
+        "verify": ["embed"],
+    }
+    assert "max_children" in dag["tasks"]["embed"]["template_fields"]
+    assert dag["params"]["max_children"] == 500 and "shards_per_task" not in dag["params"]
+
+
+def test_array_fan_out_without_a_queue_is_an_import_error_naming_it(tmp_path: Path):
+    from tests.test_dag_integrity import parse_dags
+
+    env = {**ARRAY_ENV, "EMBEDFRESH_BATCH_JOB_QUEUE": ""}
+    errors = parse_dags(tmp_path, env, allow_errors=True)["import_errors"]
+    [message] = [m for f, m in errors.items() if f.endswith("corpus_embeddings.py")]
+    assert "EMBEDFRESH_BATCH_JOB_QUEUE" in message
+    bad = parse_dags(tmp_path, {"EMBEDFRESH_EMBED_FAN_OUT": "mapped-ish"}, allow_errors=True)
+    assert any("mapped or array" in m for m in bad["import_errors"].values())
