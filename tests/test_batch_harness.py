@@ -239,6 +239,35 @@ def test_an_exit_fault_and_a_pull_fault(batch, executor):
     assert second["container"]["exitCode"] == 0
 
 
+def test_an_attempt_past_its_time_limit_is_killed_and_not_retried(
+    batch, monkeypatch: pytest.MonkeyPatch
+):
+    executor = BatchExecutor(timeout=0.5).install(monkeypatch)
+    try:
+        job_id = submit(batch, "slow", "sleep 30", retryStrategy=RETRY)
+        job = executor.wait(job_id, timeout=10)
+        assert job["status"] == "FAILED"
+        assert job["statusReason"] == "Job attempt duration exceeded timeout"
+        [attempt] = job["attempts"]  # Batch does not retry a timed-out attempt
+        assert "exitCode" not in attempt["container"]
+        assert 450 <= attempt["stoppedAt"] - attempt["startedAt"] < 5000
+        assert gone(executor.executed[0].pid)
+    finally:
+        executor.shutdown()
+
+
+def test_what_the_executor_refuses_is_refused_as_batch_refuses(batch, executor):
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError, match="dependsOn"):
+        submit(batch, "after", "true", dependsOn=[{"jobId": "x"}])
+    with pytest.raises(ClientError, match="between 2 and 10000"):
+        submit(batch, "one-child", "true", arrayProperties={"size": 1})
+    with pytest.raises(ClientError, match="does not exist"):
+        batch.submit_job(jobName="nowhere", jobQueue="no-such-queue", jobDefinition=SINGLE)
+    assert executor.jobs == {} and len(executor.submits) == 3  # each request recorded
+
+
 def test_retry_rules_follow_aws():
     rules = [dict(rule) for rule in EVALUATE_ON_EXIT]
     assert retry_action(rules, 75, "", "Essential container in task exited") == "RETRY"
