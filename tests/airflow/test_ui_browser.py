@@ -10,36 +10,96 @@ the banner says FAIL and why, production stays. A viewer sees the page without t
 override links. Screenshots (a PASS and a FAIL page) go to the test's tmp folder and to
 ``$EMBEDFRESH_SCREENSHOT_DIR`` when set (docs/images/ holds copies).
 
+The same server also serves a store filled by the real jobs themselves (generate data,
+train, evaluate, gate, promote, health, embed, verify; tiny model), as a manual DAG run
+would: an unauthenticated request is refused, the REST API lists our plugin with no
+import error, and in chromium the page inside the Airflow UI (Browse -> Model quality)
+and on its own shows the registry row, the gate verdict, health, embeddings and the
+chart (screenshots model-quality-in-airflow.png and model-quality.png).
+
 Chromium and chromedriver come from Debian (.ci/run installs them); without them this
 test FAILS, it never skips.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 from embedfresh.core.storage import ArtifactStore
 from tests.airflow.server import REFRESH, AirflowServer
 from tests.airflow.test_gate_failure import flip_labels
 from tests.browser import chromium
-from tests.conftest import DAY2
+from tests.conftest import DAY2, run_job
 
 pytestmark = pytest.mark.slow
 
 SCREENSHOTS = ("model-quality-pass.png", "model-quality-fail.png")
+#: Of the page on the store the jobs filled: inside the Airflow UI, and on its own.
+JOB_SCREENSHOTS = ("model-quality-in-airflow.png", "model-quality.png")
+#: The run the jobs below make: the id Airflow gives a manual DAG run.
+JOBS_RUN = "manual__2026-01-01T00:00:00+00:00"
+HEALTH = ("collective_sizes=[4096,65536]", "collective_iters=2", "memory_bytes=1048576")
 
 
 @pytest.fixture
 def browser() -> Iterator[object]:
     with chromium() as driver:
         yield driver
+
+
+def _job(root: str, name: str, *sets: str) -> dict:
+    result = run_job(name, f"artifact_root={root}", f"run_id={JOBS_RUN}", "model=tiny", *sets)
+    assert result.returncode == 0, f"jobs.{name}: {result.stderr[-3000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _fill_with_jobs(root: str, data_template: Path) -> bytes:
+    """``root`` made afresh from the generated data, then one model promoted by the real
+    jobs, as a manual DAG run would; the registry's bytes after it."""
+    path = Path(root.removeprefix("file://"))
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(data_template, path)
+    _job(root, "train", "backend=cpu", "data_interval_start=2026-01-01", "epochs=3")
+    _job(root, "evaluate", "backend=cpu")
+    # Against the untrained baseline on the 768-row eval set, accuracy and AUC decide;
+    # recall@10 on so few queries is INCONCLUSIVE (the gate asks for more data).
+    gate = _job(root, "gate", 'metrics=["accuracy", "auc"]')
+    assert gate["verdict"] == "PASS", gate
+    _job(root, "promote")
+    _job(root, "health", *HEALTH)
+    _job(root, "embed", f"version={JOBS_RUN}")
+    _job(root, "embed_verify", f"version={JOBS_RUN}")
+    return (path / "models/tiny/registry.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def _jobs_filled(airflow_server: AirflowServer, data_template: Path) -> dict[str, bytes]:
+    root = airflow_server.env["EMBEDFRESH_ARTIFACT_ROOT"]
+    return {"registry": _fill_with_jobs(root, data_template)}
+
+
+@pytest.fixture
+def jobs_store(
+    airflow_server: AirflowServer, data_template: Path, _jobs_filled: dict[str, bytes]
+) -> AirflowServer:
+    """The session's server, its default artifact root (the one the page shows) filled
+    by the real jobs: done once for the module's tests, and again should a test in
+    between have replaced that root (``demo_store`` does)."""
+    root = airflow_server.env["EMBEDFRESH_ARTIFACT_ROOT"]
+    registry = Path(root.removeprefix("file://")) / "models/tiny/registry.json"
+    if not registry.exists() or registry.read_bytes() != _jobs_filled["registry"]:
+        _jobs_filled["registry"] = _fill_with_jobs(root, data_template)
+    return airflow_server
 
 
 def log_in(browser, server: AirflowServer, user: str) -> None:
@@ -91,6 +151,96 @@ def keep(tmp_path: Path, name: str) -> None:
     if directory := os.environ.get("EMBEDFRESH_SCREENSHOT_DIR"):  # pytest prunes tmp
         Path(directory).mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp_path / name, Path(directory) / name)
+
+
+def test_unauthenticated_requests_are_refused(jobs_store: AirflowServer):
+    base = jobs_store.base_url
+    response = httpx.get(f"{base}/model-quality/api/models/tiny", timeout=30)
+    assert response.status_code == 401, response.text
+    assert response.json() == {"detail": "Not authenticated"}
+    response = httpx.get(f"{base}/model-quality/", timeout=30)
+    assert response.status_code == 401 and "Log in to Airflow" in response.text
+    assert "manual__" not in response.text
+
+
+def test_json_api_with_a_token_from_the_api_server(jobs_store: AirflowServer):
+    server = jobs_store
+    response = httpx.post(
+        f"{server.base_url}/auth/token",
+        json={"username": "admin", "password": server.passwords["admin"]},
+        timeout=30,
+    )
+    assert response.status_code in (200, 201), response.text
+    access = response.json()["access_token"]
+
+    def get(path: str) -> dict:
+        response = httpx.get(
+            f"{server.base_url}{path}", headers={"Authorization": f"Bearer {access}"}, timeout=30
+        )
+        assert response.status_code == 200, f"{path}: {response.status_code} {response.text}"
+        return response.json()
+
+    # The api-server loaded our plugin, and nothing else from the folder failed.
+    plugins = {p["name"]: p for p in get("/api/v2/plugins")["plugins"]}
+    ours = plugins["model_quality"]
+    assert [a["url_prefix"] for a in ours["fastapi_apps"]] == ["/model-quality"]
+    assert [v["url_route"] for v in ours["external_views"]] == ["model-quality"]
+    assert get("/api/v2/plugins/importErrors")["total_entries"] == 0
+    decisions = get("/model-quality/api/models/tiny/decisions")
+    assert [d["run_id"] for d in decisions["data"]] == [JOBS_RUN]
+    assert decisions["data"][0]["verdict"] == "PASS"
+
+
+def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = jobs_store
+    base = server.base_url
+    wait = WebDriverWait(browser, 90)
+    log_in(browser, server, "admin")
+    assert any(c["name"] == "_token" for c in browser.get_cookies()), browser.get_cookies()
+
+    # Inside the Airflow UI: the external view embeds the page in an iframe.
+    browser.get(f"{base}/plugin/model-quality")
+    frame = wait.until(ec.presence_of_element_located((By.TAG_NAME, "iframe")))
+    browser.switch_to.frame(frame)
+    wait.until(ec.presence_of_element_located((By.ID, "decisions")))
+    browser.switch_to.default_content()
+    time.sleep(1)  # let the UI finish painting its navigation
+    browser.save_screenshot(str(tmp_path / JOB_SCREENSHOTS[0]))
+
+    # The page itself: registry row, gate verdict, health, embeddings, chart.
+    browser.get(f"{base}/model-quality/?model=tiny")
+    decisions = wait.until(ec.presence_of_element_located((By.ID, "decisions")))
+    row = decisions.find_element(By.CSS_SELECTOR, "tbody tr")
+    verdict = row.find_elements(By.CSS_SELECTOR, "td")[1].text
+    assert verdict in {"PASS", "FAIL", "INCONCLUSIVE"}, row.text
+    assert JOBS_RUN in row.text
+    link = row.find_element(By.TAG_NAME, "a").get_attribute("href")
+    assert link.startswith(f"{base}/dags/{REFRESH}/runs/manual__2026-01-01"), link
+    production = browser.find_element(By.ID, "production-version").text
+    registry_rows = browser.find_elements(By.CSS_SELECTOR, "#registry tbody tr")
+    assert verdict == "PASS" and production == JOBS_RUN
+    assert len(registry_rows) == 1 and JOBS_RUN in registry_rows[0].text
+    assert "PASS" in registry_rows[0].text
+    assert browser.find_element(By.ID, "health-verdict").text.startswith("Latest verdict PASS")
+    health = browser.find_element(By.ID, "health-ranks").text
+    assert socket.gethostname() in health and "checks passed" in health
+    embeddings = browser.find_element(By.CSS_SELECTOR, "#embeddings tbody tr").text
+    assert "products" in embeddings and "verified" in embeddings and " 600 " in f" {embeddings} "
+    chart = browser.find_element(By.CSS_SELECTOR, "#chart svg.quality-chart")
+    assert chart.size["width"] > 300 and chart.size["height"] > 200
+    # The chart the gate job wrote (reports/gate.vl.json), rendered by vl-convert.
+    assert len(chart.find_elements(By.CSS_SELECTOR, "g.point_marks path")) == 2  # accuracy, auc
+    assert chart.find_elements(By.CSS_SELECTOR, "g.sla_line_marks")
+    assert "gate.vl.json" in browser.find_element(By.ID, "chart").text
+    banner = browser.find_element(By.ID, "banner").text
+    assert f"Production: {JOBS_RUN}" in banner and "Last refresh: PASS" in banner
+    browser.save_screenshot(str(tmp_path / JOB_SCREENSHOTS[1]))
+    for name in JOB_SCREENSHOTS:
+        keep(tmp_path, name)
 
 
 def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_path):
