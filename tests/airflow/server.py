@@ -109,9 +109,17 @@ class AirflowServer:
     #: Seconds after which the server stops itself, whatever happens to the test process.
     max_lifetime_s = 1200
 
-    def __init__(self, home: Path, artifact_root: str) -> None:
+    def __init__(
+        self,
+        home: Path,
+        artifact_root: str,
+        *,
+        components: Iterable[str] = COMPONENTS,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.home = home
-        self.env = server_env(home, artifact_root)
+        self.components = tuple(components)
+        self.env = {**server_env(home, artifact_root), **(extra_env or {})}
         self.base_url = f"http://127.0.0.1:{self.env['AIRFLOW__API__PORT']}"
         self._proc: subprocess.Popen[bytes] | None = None
         self.passwords: dict[str, str] = json.loads(passwords_file(home).read_text())
@@ -125,7 +133,7 @@ class AirflowServer:
         # should pytest die before stop().
         script = " ".join(
             f"{shlex.quote(AIRFLOW)} {part} > {shlex.quote(str(self.log_file(part)))} 2>&1 &"
-            for part in COMPONENTS
+            for part in self.components
         )
         self._proc = subprocess.Popen(
             ["timeout", "-k", "10", str(self.max_lifetime_s), "sh", "-c", f"{script} wait"],
@@ -169,7 +177,7 @@ class AirflowServer:
     def log_tail(self, chars: int = 3000) -> str:
         """The end of each component's log, for failure messages."""
         tails = []
-        for part in COMPONENTS:
+        for part in self.components:
             try:
                 text = self.log_file(part).read_text(errors="replace")[-chars:]
             except OSError:
