@@ -178,3 +178,36 @@ def test_on_kill_while_polling_terminates_the_attached_job(batch, executor, tmp_
     job = executor.wait(job_id)
     assert job["status"] == "FAILED" and "on_kill" in job["statusReason"]
     assert len(executor.submits) == 1
+
+
+def test_every_aws_call_the_runner_makes_is_in_the_readmes_iam_list(
+    batch, executor, tmp_path, slow_python, monkeypatch
+):
+    """Submit, lose the worker before recording, attach by name, poll with the log, stop:
+    every Batch and CloudWatch Logs call of that story needs a line in the README's IAM."""
+    import botocore.client
+
+    from tests.conftest import ROOT
+
+    made: set[str] = set()
+    original = botocore.client.BaseClient._make_api_call
+
+    def record(client: Any, operation: str, params: Any) -> Any:
+        made.add(f"{client.meta.service_model.signing_name}:{operation}")
+        return original(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", record)
+    root = f"file://{tmp_path / 'store'}"
+    job_id = first_try_submits_and_dies(health(root, slow_python), None)
+    executor.wait_for(job_id, "RUNNING")
+    release(slow_python)
+    health(root, slow_python).execute({"task_state_store": StateStore()})
+    killed = health(root, slow_python)
+    killed.runner.job_id = job_id
+    killed.on_kill()
+
+    iam = (ROOT / "README.md").read_text().split("IAM:", 1)[1].split("\n## ", 1)[0]
+    runner_calls = {c for c in made if c.split(":")[0] in ("batch", "logs")}
+    assert {"batch:SubmitJob", "batch:ListJobs", "logs:GetLogEvents"} <= runner_calls
+    missing = sorted(c for c in runner_calls if f"`{c}`" not in iam)
+    assert not missing, f"calls the runner makes that the README's IAM list lacks: {missing}"
