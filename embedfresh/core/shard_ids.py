@@ -4,10 +4,13 @@
 shard's index, to one of :data:`PARTITIONS` Arrow IPC files in a temporary directory
 (the partition is a hash of the id, so every copy of an id lands in the same file).
 :meth:`CrossShardIds.duplicates` then checks one partition at a time; a partition larger
-than ``budget_bytes`` on disk is split again with an independent hash (streamed, batch by
-batch) until each piece fits. Memory: one shard's ids while adding, then one partition
-of at most ``budget_bytes`` (a few times that while sorting it), whatever the number of
-rows or shards; disk: about the id column's bytes plus 4 bytes a row, freed by
+than ``budget_bytes`` on disk is split again with an independent hash (streamed, in
+groups of :data:`FLUSH_ROWS` rows) until each piece fits. Memory: one shard's ids plus at
+most :data:`FLUSH_ROWS` gathered ids while adding, then one partition of at most
+``budget_bytes`` (a few times that while sorting it), whatever the number of rows or
+shards; Arrow allocates from the C allocator meanwhile (:func:`_system_pool`). Disk:
+about the id column's bytes plus 4 bytes a row (int64 ids: ~13 GB at a billion rows,
+split twice), under ``TMPDIR`` unless told otherwise, removed by
 :meth:`CrossShardIds.close`. Torch-free.
 """
 
@@ -99,7 +102,7 @@ class CrossShardIds:
 
     Use as a context manager (the directory is removed on exit), :meth:`add` each
     shard's ids (one id type for all: int64 or ``str``; a shard of the other type marks
-    the set :attr:`mixed` and is not kept), then :meth:`duplicates`.
+    the set :attr:`mixed` and is not kept), then call :meth:`duplicates` once.
 
     :param directory: where the temporary directory goes (default: ``TMPDIR``).
     :param budget_bytes: largest partition file checked in memory (bytes).
