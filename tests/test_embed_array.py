@@ -312,7 +312,8 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     assert submit["arrayProperties"] == {"size": 10}
     command = " ".join(submit["containerOverrides"]["command"])
     assert "plan=runs/tiny/" in command and "shards=" not in command
-    assert len(json.dumps(submit)) < 30 * 1024  # Batch's SubmitJob payload limit
+    # Far under Batch's 30 KiB SubmitJob payload, and the same size for any corpus.
+    assert len(json.dumps(submit)) < 4 * 1024, len(json.dumps(submit))
     parent = submit_id = executor.calls_of("SubmitJob")[0].job_id
     first, second = executor.attempts_of(f"{parent}:3")
     assert (first.exit_code, second.exit_code) == (75, 0)
@@ -393,3 +394,43 @@ def test_array_fan_out_without_a_queue_is_an_import_error_naming_it(tmp_path: Pa
     assert "EMBEDFRESH_BATCH_JOB_QUEUE" in message
     bad = parse_dags(tmp_path, {"EMBEDFRESH_EMBED_FAN_OUT": "mapped-ish"}, allow_errors=True)
     assert any("mapped or array" in m for m in bad["import_errors"].values())
+
+
+# --- docs/SCALING.md's figures ---------------------------------------------------------
+
+
+def test_scaling_figures_in_the_doc_are_what_the_script_prints():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "bench/scaling.py"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = (ROOT / "docs" / "SCALING.md").read_text()
+    begin, end = "<!-- scaling-figures:begin -->\n", "<!-- scaling-figures:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)] == proc.stdout
+
+
+def test_scaling_model_stays_under_the_limits_it_names(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+    import sys
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_scaling", ROOT / "bench" / "scaling.py")
+    scaling = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, scaling)  # dataclasses look their module up
+    spec.loader.exec_module(scaling)
+    for rows in scaling.CORPORA:
+        for max_children in (1, 1000, 10_000):
+            c = scaling.corpus(rows, max_children)
+            assert 1 <= c.children <= 10_000 and c.children * c.shards_per_child >= c.shards
+            assert c.mapped_tasks <= scaling.MAX_MAP_LENGTH
+    assert scaling.corpus(1_000_000_000, 10_000).shards_per_child == 10
+    with pytest.raises(ValueError, match="at most 100000"):
+        scaling.corpus(1_000_000_001)
+    for device in scaling.devices():
+        assert scaling.max_concurrent(device) >= scaling.MAX_CHILDREN_DEFAULT

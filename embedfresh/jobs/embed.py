@@ -176,10 +176,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
 
     corpus_dir = layout.corpus(cfg.corpus)
     out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
-    available = corpus_shards(store, cfg.corpus)
     if child_plan is not None:
+        # The planner listed the corpus once; a child names its own shards (10,000
+        # children listing 100,000 names each would be 1M LIST requests).
         wanted = child_plan.slice(int(cfg.array_index or 0))
+        available = {i: layout.part_name(i) for i in wanted}
     else:
+        available = corpus_shards(store, cfg.corpus)
         wanted = list(available) if cfg.shards is None else cfg.shards
     unknown = [i for i in wanted if i not in available]
     if unknown:
