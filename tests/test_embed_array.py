@@ -360,6 +360,56 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     assert part_hashes(stores["batch"], CORPUS) == batch_parts
 
 
+@pytest.fixture
+def slow_executor(batch: Any, monkeypatch: pytest.MonkeyPatch):
+    """Jobs stay RUNNABLE for 8 s: a retry started meanwhile finds the job live."""
+    from tests.batch_harness import run_batch_executor
+
+    yield from run_batch_executor(monkeypatch, runnable_delay=8.0, max_parallel=2)
+
+
+def test_deferred_array_job_a_retry_reattaches_and_a_resume_reads_every_child(
+    tmp_path: Path, slow_executor: Any
+):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from tests.batch_harness import PYTHON, settings
+
+    root = f"file://{tmp_path}"
+    write_corpus(publish_tiny(root), CORPUS, rows=600, shards=6)
+
+    def operator(**batch: Any) -> Any:
+        from embedfresh.operators.embed import BatchArrayEmbeddingOperator
+
+        return BatchArrayEmbeddingOperator(
+            task_id="embed", artifact_root=root, version="v1", corpus=CORPUS, run_id=RUN,
+            max_children=3, execution_mode="aws_batch",
+            runner_settings=settings(python=PYTHON, poll_interval=0.5, **batch),
+        )  # fmt: skip
+
+    with pytest.raises(TaskDeferred) as info:
+        operator(deferrable=True).execute({})
+    deferred = info.value
+    [submit] = slow_executor.submits
+    assert submit["arrayProperties"] == {"size": 3}
+
+    # The worker is lost while the job waits: the retry (a fresh operator, a new result
+    # ticket and a new plan) finds the live job by its name and waits on it: no second
+    # SubmitJob, and it reads the records of the children of the job it attached to.
+    retried = operator().execute({})
+    assert len(slow_executor.submits) == 1
+    assert retried["children"] == 3 and retried["shards_embedded"] == 6 and retried["rows"] == 600
+
+    # The deferred task resumed by the triggerer's event reads the same children.
+    job_id = slow_executor.calls_of("SubmitJob")[0].job_id
+    event = {"status": "success", "job_id": job_id}
+    resumed = operator(deferrable=True).execute_complete({}, event, **deferred.kwargs)
+    assert {k: resumed[k] for k in ("children", "shards_embedded", "rows", "plan")} == {
+        k: retried[k] for k in ("children", "shards_embedded", "rows", "plan")
+    }
+    assert resumed["children_by_state"] == {"SUCCEEDED": 3}
+
+
 # --- the DAG's setting ----------------------------------------------------------------
 
 ARRAY_ENV = {
