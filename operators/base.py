@@ -332,8 +332,9 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
         raise AirflowException(f"{spec.module} crashed with exit code {code}: {reason}")
 
     def write_cost_record(self, spec: JobSpec, cost: Mapping[str, Any]) -> None:
-        """Keep the runner's cost record of this job in the run's reports
-        (``reports/cost-<result name>.json``), whether the job succeeded or not.
+        """Keep the runner's cost record of this execution in the run's reports
+        (``reports/cost/<result name>/<attempt id>.json``), whether the job succeeded or
+        not: every try that ran costs, failed ones too.
 
         A report, not the job's outcome: a store that refuses it is logged, and the task
         goes on to the job's own result.
@@ -341,16 +342,23 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
         from embedfresh.core import layout
         from embedfresh.core.storage import ArtifactStore
 
-        name = spec.result.name if spec.result is not None else spec.job
+        if spec.result is None:
+            return  # no execution identity to file it under (a spec built outside a task)
+        record = {"task": spec.result.name, "attempt_id": spec.result.attempt_id, **cost}
         try:
-            rel = layout.report(str(self.model), str(self.run_id), f"cost-{name}")
-            ArtifactStore(self.artifact_root).write_json(rel, dict(cost))
+            store = ArtifactStore(self.artifact_root)
+            rel = layout.cost(
+                str(self.model), str(self.run_id), spec.result.name, spec.result.attempt_id
+            )
+            store.write_json(rel, record)
         except Exception as e:
             self.log.warning("Could not write the cost record of %s: %s", spec.module, e)
             return
         self.log.info(
-            "Cost record of %s: %s", spec.module, ArtifactStore(self.artifact_root).url(rel)
-        )
+            "Cost of %s: %.1f s over %d attempt(s), estimated $%.6f as %s: %s",
+            spec.module, record.get("seconds", 0), len(record.get("attempts") or []),
+            record.get("estimated_cost_usd", 0), record.get("instance_type"), store.url(rel),
+        )  # fmt: skip
 
     def read_result(self, spec: JobSpec) -> dict[str, Any]:
         """The summary in the result record of the execution ``spec`` describes.

@@ -152,7 +152,7 @@ def test_the_cost_record_counts_a_failed_attempt_and_the_retry_each_from_batchs_
     [submit] = executor.submits
     job = describe(batch, executor.calls_of("SubmitJob")[0].job_id)
     assert job["status"] == "SUCCEEDED" and len(job["attempts"]) == 2
-    [cost_file] = (root / f"runs/tiny/{RUN_ID}/reports").glob("cost-*.json")
+    [cost_file] = (root / f"runs/tiny/{RUN_ID}/reports/cost/health").glob("*.json")
     cost = json.loads(cost_file.read_text())
     seconds = [a["seconds"] for a in cost["attempts"]]
     batch_seconds = [(a["stoppedAt"] - a["startedAt"]) / 1000 for a in job["attempts"]]

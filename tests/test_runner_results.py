@@ -143,6 +143,21 @@ def check_records(store: Path, xcom: dict[str, Any], job_ids: set[str] | None = 
             assert execution["aws_batch_job_id"] in job_ids, key
 
 
+def check_costs(store: Path, runner: str) -> list[dict[str, Any]]:
+    """Each task's execution left one cost record on its runner's clock, no failed attempt."""
+    folder = store / f"runs/tiny/{RUN_ID}/reports/cost"
+    records = []
+    for key in TASKS:
+        [path] = (folder / f"{DAG_ID}:{key}").glob("*.json")
+        record = json.loads(path.read_text())
+        assert record["runner"] == runner and record["task"] == f"{DAG_ID}:{key}", key
+        assert path.stem == record["attempt_id"]
+        assert record["failed_attempts"] == 0 and len(record["attempts"]) == 1, key
+        assert record["seconds"] > 0 and record["estimated_cost_usd"] > 0, key
+        records.append(record)
+    return records
+
+
 def without_timings(xcom: dict[str, Any]) -> dict[str, Any]:
     return {
         key: {k: v for k, v in value.items() if k not in TIMINGS.get(key.split(":")[0], ())}
@@ -160,6 +175,7 @@ def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch
     local = refresh(root, "local", {})
     assert list(local) == TASKS
     check_records(store, local)
+    check_costs(store, "local")
     assert batch_executor.executed == []  # the local run submitted nothing
     store.rename(tmp_path / "local-artifacts")
 
@@ -168,6 +184,9 @@ def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch
     executed = batch_executor.executed
     assert len(executed) == len(TASKS)  # one Batch job per task, each really run
     check_records(store, on_batch, {e.job_id for e in executed})
+    for cost, run in zip(check_costs(store, "aws_batch"), executed, strict=True):
+        [attempt] = describe(batch, run.job_id)["attempts"]  # Batch's clock, not ours
+        assert cost["seconds"] == (attempt["stoppedAt"] - attempt["startedAt"]) / 1000
     for run, key in zip(executed, TASKS, strict=True):
         assert describe(batch, run.job_id)["status"] == "SUCCEEDED" and run.exit_code == 0
         # The job printed exactly what the operator returned; it reached the operator

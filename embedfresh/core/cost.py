@@ -1,4 +1,5 @@
-"""Compute-hours and an estimated cost for a training run (every train report has them).
+"""Compute-hours and an estimated cost: of a training run (every train report has them),
+and of every job execution (a cost record per execution, from its runner's clock).
 
 ``compute_hours`` = nodes x devices per node x wall hours; ``estimated_cost_usd`` =
 nodes x wall hours x the instance's hourly price. Prices are on-demand, Linux,
@@ -75,4 +76,51 @@ def run_cost(
         "devices_per_node": devices,
         "compute_hours": round(nodes * devices * hours, 6),
         "estimated_cost_usd": round(nodes * hours * price, 6),
+    }
+
+
+def cost_record(
+    attempts: list[dict[str, Any]],
+    *,
+    instance_type: str,
+    nodes: int = 1,
+    **identity: Any,
+) -> dict[str, Any]:
+    """One execution's cost record: every attempt it took, priced as ``instance_type``.
+
+    Each attempt has ``seconds`` (its wall time on the runner's own clock: the local
+    process's, or AWS Batch's ``startedAt``/``stoppedAt``) and ``exit_code`` (``None``
+    when it never exited, a lost host); a failed attempt costs as much as any.
+    ``identity`` (runner, job, task, Batch job id...) is kept as given.
+
+    :raises BadInputError: no price for ``instance_type``.
+    """
+    price = price_per_hour(instance_type)
+    seconds = sum(float(a.get("seconds") or 0.0) for a in attempts)
+    instance_hours = nodes * seconds / 3600.0
+    return {
+        **identity,
+        "instance_type": instance_type,
+        "price_per_hour_usd": price,
+        "nodes": nodes,
+        "attempts": attempts,
+        "failed_attempts": sum(1 for a in attempts if a.get("exit_code") != 0),
+        "seconds": round(seconds, 3),
+        "instance_hours": round(instance_hours, 6),
+        "estimated_cost_usd": round(instance_hours * price, 6),
+    }
+
+
+def run_cost_total(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a run's executions cost together: jobs, attempts, failed attempts, seconds,
+    instance-hours and dollars."""
+    return {
+        "executions": len(records),
+        "attempts": sum(len(r.get("attempts") or []) for r in records),
+        "failed_attempts": sum(int(r.get("failed_attempts") or 0) for r in records),
+        "seconds": round(sum(float(r.get("seconds") or 0) for r in records), 3),
+        "instance_hours": round(sum(float(r.get("instance_hours") or 0) for r in records), 6),
+        "estimated_cost_usd": round(
+            sum(float(r.get("estimated_cost_usd") or 0) for r in records), 6
+        ),
     }

@@ -92,6 +92,20 @@ def gate_chart(model: str, run_id: str) -> str:
     return f"{reports(model, run_id)}/gate.vl.json"
 
 
+def costs(model: str, run_id: str) -> str:
+    """The run's cost records (:mod:`embedfresh.core.cost`): one per job execution."""
+    return f"{reports(model, run_id)}/cost"
+
+
+def cost(model: str, run_id: str, name: str, attempt_id: str) -> str:
+    """The cost record of one execution: the task instance's result ``name`` and the
+    execution's attempt id, so a retry's record never replaces its failed try's."""
+    return (
+        f"{costs(model, run_id)}/{safe_id(name, 'result name')}/"
+        f"{safe_id(attempt_id, 'attempt id')}.json"
+    )
+
+
 def results(model: str, run_id: str) -> str:
     """The run's result records: one per successful job execution (:mod:`embedfresh.core.results`)."""
     return f"{run_dir(model, run_id)}/results"

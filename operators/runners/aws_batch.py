@@ -709,13 +709,14 @@ def batch_cost(
     instance_type: str,
     nodes: int = 1,
 ) -> dict[str, Any]:
-    """A cost record from Batch's own clock: every attempt of the job (or of each array
-    child), failed ones included, from its ``startedAt`` to its ``stoppedAt``.
+    """A cost record (:func:`embedfresh.core.cost.cost_record`) from Batch's own clock:
+    every attempt of the job (or of each array child), failed ones included, from its
+    ``startedAt`` to its ``stoppedAt``.
 
     An attempt Batch reports without both times (it never started a container) costs
     nothing and is listed with ``seconds: 0``.
     """
-    from embedfresh.core.cost import price_per_hour
+    from embedfresh.core.cost import cost_record
 
     attempts = []
     for record in children or [job]:
@@ -735,20 +736,13 @@ def batch_cost(
                     "status_reason": attempt.get("statusReason"),
                 }
             )
-    seconds = sum(a["seconds"] for a in attempts)
-    price = price_per_hour(instance_type)
-    instance_hours = nodes * seconds / 3600
-    return {
-        "aws_batch_job_id": job.get("jobId"),
-        "job_name": job.get("jobName"),
-        "status": job.get("status"),
-        "instance_type": instance_type,
-        "price_per_hour_usd": price,
-        "nodes": nodes,
-        "children": len(children),
-        "attempts": attempts,
-        "failed_attempts": sum(1 for a in attempts if a["exit_code"] != 0),
-        "seconds": round(seconds, 3),
-        "instance_hours": round(instance_hours, 6),
-        "estimated_cost_usd": round(instance_hours * price, 6),
-    }
+    return cost_record(
+        attempts,
+        instance_type=instance_type,
+        nodes=nodes,
+        runner="aws_batch",
+        aws_batch_job_id=job.get("jobId"),
+        job_name=job.get("jobName"),
+        status=job.get("status"),
+        children=len(children),
+    )

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -66,7 +67,9 @@ class LocalRunner:
         return env
 
     def run(self, spec: JobSpec, log: logging.Logger) -> JobResult:
-        return self.run_command(self.command(spec), spec.env, log)
+        started = time.time()
+        result = self.run_command(self.command(spec), spec.env, log)
+        return replace(result, cost=local_cost(spec, started, time.time(), result.exit_code))
 
     def run_command(
         self, argv: Sequence[str], env: Mapping[str, str], log: logging.Logger
@@ -175,3 +178,30 @@ def _parse_summary(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def local_cost(spec: JobSpec, started: float, stopped: float, exit_code: int) -> dict[str, Any]:
+    """The cost record of one local execution: the process's wall time, priced as the
+    instance the spec's backend would run on (:data:`embedfresh.core.cost.DEFAULT_INSTANCE`)."""
+    import datetime as dt
+
+    from embedfresh.core.cost import DEFAULT_INSTANCE, cost_record
+
+    def iso(t: float) -> str:
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat()
+
+    backend = str(spec.settings.get("backend", "cpu"))
+    attempt = {
+        "attempt": 1,
+        "started_at": iso(started),
+        "stopped_at": iso(stopped),
+        "seconds": round(stopped - started, 3),
+        "exit_code": exit_code,
+    }
+    return cost_record(
+        [attempt],
+        instance_type=DEFAULT_INSTANCE.get(backend, "cpu"),
+        nodes=1,
+        runner="local",
+        job=spec.job,
+    )
