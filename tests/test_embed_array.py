@@ -410,6 +410,33 @@ def test_deferred_array_job_a_retry_reattaches_and_a_resume_reads_every_child(
     assert resumed["children_by_state"] == {"SUCCEEDED": 3}
 
 
+def test_a_child_failing_every_attempt_fails_the_task_and_the_rerun_submits_its_shards_only(
+    tmp_path: Path, executor: Any
+):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    root = f"file://{tmp_path}"
+    store = publish_tiny(root)
+    write_corpus(store, CORPUS, rows=600, shards=6)
+    op = array_operator(root, max_children=3)
+    name = batch_job_name(op)
+    for attempt in (1, 2, 3):  # retry_attempts=3: child 1 never gets through
+        executor.fail(
+            job_name=name, array_index=1, attempt=attempt, fault="exit", exit_code=75, after=0.1
+        )
+    with pytest.raises(AirflowException, match="transient") as info:
+        op.execute({})
+    assert not isinstance(info.value, AirflowFailException)  # Airflow retries it
+    out = layout.embeddings("tiny", "v1", CORPUS)
+    committed = [i for i in range(6) if store.exists(f"{out}/{commit_name(i)}")]
+    assert committed == [0, 1, 4, 5]  # child 1 held shards 2 and 3
+
+    summary = array_operator(root, max_children=3).execute({})
+    assert len(executor.submits) == 2 and executor.submits[1]["arrayProperties"] == {"size": 2}
+    assert summary["shards_embedded"] == 2 and summary["shards_reused"] == 4
+    assert all(markers.verify(store, out, commit_name(i)).ok for i in range(6))
+
+
 # --- the DAG's setting ----------------------------------------------------------------
 
 ARRAY_ENV = {
