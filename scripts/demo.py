@@ -204,6 +204,7 @@ def run_day(env: dict[str, str], home: Path, day: dt.date, conf: dict) -> dict:
 def day_summary(store, day: dt.date, facts: dict) -> list[str]:
     """Lines for one day, from the run's reports in the artifact store."""
     from embedfresh.core import layout
+    from embedfresh.core.cost import read_run_costs, run_cost_total
 
     run_id = facts["run_id"]
 
@@ -249,6 +250,15 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             )
     else:
         lines.append("    gate: not reached (see the task log)")
+    costs = read_run_costs(store, "tiny", run_id)
+    if costs:
+        total = run_cost_total(costs)
+        lines.append(
+            f"    cost: {total['executions']} job executions, {total['attempts']} attempts "
+            f"({total['failed_attempts']} failed), {total['seconds']:.1f} s, "
+            f"{total['instance_hours']:.6f} instance-hours, estimated "
+            f"${total['estimated_cost_usd']:.6f} as {costs[0]['instance_type']}"
+        )
     return lines
 
 

@@ -70,3 +70,9 @@ def test_demo_runs_the_dag_for_two_days_and_day_two_trains_incrementally(tmp_pat
     manifest = folder / "embeddings" / "tiny" / day1["run_id"] / "products" / "_MANIFEST.json"
     assert f"file://{manifest}" in proc.stdout
     assert "compute-hours" in proc.stdout
+    # Every job execution of day 1 left a cost record on its runner's clock; the summary
+    # adds them up (the demo's runner is local: one attempt each).
+    day1_costs = sorted((runs / day1["run_id"] / "reports" / "cost").glob("*/*.json"))
+    assert day1_costs, "day 1 left no cost record"
+    n = len(day1_costs)
+    assert f"cost: {n} job executions, {n} attempts (0 failed)" in proc.stdout

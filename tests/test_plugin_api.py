@@ -418,3 +418,49 @@ def test_decision_table_signs_every_metric_as_improvement(client, store: Path):
     (final,) = [m for m in newest["points"][-1]["metrics"] if m["metric"] == "log_loss"]
     assert f"<td>{-final['d']:+.3%}</td>" in page
     assert f"<td>{final['d']:+.3%}</td>" not in page
+
+
+def test_costs_add_up_every_attempt_of_the_newest_runs(client: TestClient, store: Path):
+    """Two executions of the newest run: a local train, and an embed array on Batch whose
+    child lost its host once; both count, the failed attempt too."""
+    from embedfresh.core.cost import cost_record
+    from embedfresh.operators.runners.aws_batch import batch_cost
+
+    folder = store / f"runs/tiny/{GATE_RUN}/reports/cost"
+    train = cost_record(
+        [{"attempt": 1, "seconds": 120.0, "exit_code": 0}], instance_type="cpu", runner="local"
+    )
+    t0 = 1_764_000_000_000
+    children = [
+        {"jobId": f"p:{i}", "arrayProperties": {"index": i}, "attempts": attempts}
+        for i, attempts in enumerate(
+            [
+                [{"startedAt": t0, "stoppedAt": t0 + 30_000, "container": {"exitCode": 0}}],
+                [
+                    {"startedAt": t0, "stoppedAt": t0 + 4_000, "container": {}},  # host lost
+                    {
+                        "startedAt": t0 + 9_000,
+                        "stoppedAt": t0 + 40_000,
+                        "container": {"exitCode": 0},
+                    },
+                ],
+            ]
+        )
+    ]
+    embed = batch_cost({"jobId": "p"}, children, instance_type="trn1.32xlarge")
+    for task, record in (("refresh:train", train), ("refresh:embed", embed)):
+        (folder / task).mkdir(parents=True)
+        (folder / task / "a1.json").write_text(json.dumps({"task": task, **record}))
+
+    data = client.get("/api/models/tiny/costs").json()
+    assert data["available"], data
+    [row] = data["data"]  # the other runs have no cost records
+    assert row["run_id"] == GATE_RUN
+    assert row["executions"] == 2 and row["attempts"] == 4 and row["failed_attempts"] == 1
+    assert row["seconds"] == 120 + 30 + 4 + 31
+    assert row["estimated_cost_usd"] == pytest.approx(
+        120 / 3600 * 0.4032 + 65 / 3600 * 21.50, abs=1e-5
+    )
+    assert row["costliest"] == "refresh:embed"
+    html = client.get("/?model=tiny").text
+    assert 'id="costs"' in html and "refresh:embed" in html and "trn1.32xlarge" in html

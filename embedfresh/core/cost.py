@@ -124,3 +124,17 @@ def run_cost_total(records: list[dict[str, Any]]) -> dict[str, Any]:
             sum(float(r.get("estimated_cost_usd") or 0) for r in records), 6
         ),
     }
+
+
+def read_run_costs(store: Any, model: str, run_id: str) -> list[dict[str, Any]]:
+    """Every cost record of a run (``store``: an :class:`~embedfresh.core.storage.ArtifactStore`),
+    by task then attempt id; ``[]`` when it has none."""
+    from embedfresh.core import layout
+
+    folder = layout.costs(model, run_id)
+    records = []
+    for task in sorted(store.listdir(folder)):
+        for name in sorted(store.listdir(f"{folder}/{task}")):
+            if name.endswith(".json"):
+                records.append(store.read_json(f"{folder}/{task}/{name}"))
+    return records

@@ -168,6 +168,7 @@ def create_app(root: str | None = None) -> FastAPI:
         "health": reports.health,
         "compile-cache": reports.compile_cache,
         "embeddings": reports.embeddings,
+        "costs": reports.costs,
     }
 
     @app.get("/api/models/{model}/{section}", summary="One section of the page")

@@ -383,6 +383,39 @@ def _embeddings(runs: list[dict[str, Any]]) -> str:
     )
 
 
+def _costs(rows: list[dict[str, Any]]) -> str:
+    return table(
+        [
+            "run",
+            "jobs",
+            "attempts",
+            "failed",
+            "seconds",
+            "instance-hours",
+            "estimated $",
+            "as",
+            "runner",
+            "costliest",
+        ],
+        [
+            [
+                _v(r.get("run_id")),
+                _v(r.get("executions")),
+                _v(r.get("attempts")),
+                _v(r.get("failed_attempts")),
+                _v(r.get("seconds")),
+                _v(r.get("instance_hours")),
+                _v(r.get("estimated_cost_usd")),
+                _v(", ".join(r.get("instance_types") or [])),
+                _v(", ".join(r.get("runners") or [])),
+                _v(r.get("costliest")),
+            ]
+            for r in rows
+        ],
+        "costs",
+    )
+
+
 def render_page(
     model: str,
     models: list[str],
@@ -421,6 +454,11 @@ def render_page(
             _section("Health (latest per host and rank)", sections["health"], _health),
             _section("Compile cache", sections["compile_cache"], _compile_cache),
             _section("Embedding runs", sections["embeddings"], _embeddings),
+            _section(
+                "Cost of the newest runs (every attempt, on the runner's clock)",
+                sections["costs"],
+                _costs,
+            ),
         ]
     )
     return document(

@@ -453,6 +453,47 @@ def embeddings(store: ArtifactStore, model: str) -> Section:
     return Section(data=runs, problems=problems)
 
 
+# -- cost ---------------------------------------------------------------------------------
+
+#: Runs whose cost records the page reads (each costs two listings and a read per record).
+COST_RUNS = 10
+
+
+def costs(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
+    """What the newest runs cost: their executions' cost records (every attempt, on the
+    runner's own clock: the local process's, or AWS Batch's) added up per run."""
+    from embedfresh.core.cost import read_run_costs, run_cost_total
+
+    runs = runs or runs_of(store, model)
+    every = [pair for kind in runs.rows.values() for pair in kind]
+    newest: list[str] = []
+    for run_id, _ in _newest_first(every):
+        if run_id not in newest:
+            newest.append(run_id)
+    newest = newest[:COST_RUNS]
+    if not newest:
+        return Section(message=f"no runs of {model} yet")
+    with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(newest)))) as pool:
+        records = list(pool.map(lambda r: read_run_costs(store, model, r), newest))
+    rows = []
+    for run_id, recs in zip(newest, records, strict=True):
+        if not recs:
+            continue
+        costliest = max(recs, key=lambda r: float(r.get("estimated_cost_usd") or 0))
+        rows.append(
+            {
+                "run_id": run_id,
+                **run_cost_total(recs),
+                "instance_types": sorted({str(r.get("instance_type")) for r in recs}),
+                "runners": sorted({str(r.get("runner")) for r in recs}),
+                "costliest": costliest.get("task"),
+            }
+        )
+    if not rows:
+        return Section(message=f"no cost records in the newest {len(newest)} runs of {model}")
+    return Section(data=rows)
+
+
 def overview(store: ArtifactStore, model: str) -> dict[str, Section]:
     """Every section of the page for one model, each read on its own.
 
@@ -471,4 +512,5 @@ def overview(store: ArtifactStore, model: str) -> dict[str, Section]:
         "health": guarded("health report", lambda: health(store, model, runs=runs)),
         "compile_cache": guarded("compile cache", lambda: compile_cache(store, model, runs=runs)),
         "embeddings": guarded("embedding runs", lambda: embeddings(store, model)),
+        "costs": guarded("cost records", lambda: costs(store, model, runs=runs)),
     }
