@@ -84,8 +84,22 @@ ListJobs show it:
 * ListJobs without ``jobStatus`` and without ``filters`` lists RUNNING jobs only, as AWS
   does (moto lists all).
 
-Multi-node (``multinode``) and EKS definitions are not run: moto's own behaviour stays.
-``dependsOn`` is refused (ClientException) rather than ignored.
+* Multi-node parallel jobs (a ``multinode`` definition, ``nodeOverrides``): one
+  process per node (``numNodes`` from the overrides, else the definition), all started
+  together (the job takes one of the ``max_parallel`` slots), each with its node's
+  container (the definition's ``nodeRangeProperties`` under the submitted
+  ``nodePropertyOverrides``, by ``targetNodes``) and ``AWS_BATCH_JOB_NODE_INDEX``,
+  ``AWS_BATCH_JOB_NUM_NODES``, ``AWS_BATCH_JOB_MAIN_NODE_INDEX``, and on every node but
+  the main one ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS=127.0.0.1``; each node its
+  own log stream. The job ends when its main node's process does (the other nodes are
+  then killed: their records show 137); retries repeat the whole job. DescribeJobs on
+  ``<id>#<node>`` gives a node (``nodeDetails``, its ``container`` with command,
+  environment, ``exitCode``); the job's own attempts carry no exit code (its main
+  node's record does), and its ``nodeProperties.numNodes`` is the submitted one.
+  ``multinode=False`` leaves them to moto (ended at submit, nothing run).
+
+EKS definitions are not run: moto's own behaviour stays. ``dependsOn`` is refused
+(ClientException) rather than ignored.
 
 Faults (:meth:`BatchExecutor.fail`), registered before or while the job runs::
 
@@ -106,9 +120,10 @@ Record of calls: ``executor.calls`` holds every SubmitJob, TerminateJob, CancelJ
 ListJobs request moto received while the executor was installed (:class:`BatchCall`:
 ``action``, the request body as sent, ``job_id`` that SubmitJob returned, ``at``), and
 ``executor.submits`` the SubmitJob bodies alone; ``executor.executed`` holds each
-attempt that ran a process (:class:`ExecutedJob`: ids, command, env, exit code,
-stdout, stderr, times, log stream, pid). ``executor.wait(job_id)`` waits for a job to
-end and returns its DescribeJobs record, ``executor.wait_for(job_id, "RUNNING")`` for a
+process an attempt ran (:class:`ExecutedJob`: job id, command, env, exit code,
+stdout, stderr, attempt, array index, times, status reason, log stream, pid, node
+index). ``executor.wait(job_id)`` waits for a job to end and returns its DescribeJobs
+record, ``executor.wait_for(job_id, "RUNNING")`` for a
 status.
 
 :class:`LocalBatchExecutor` is the executor as the tests before it knew it: each job
@@ -337,6 +352,7 @@ class ExecutedJob:
     status_reason: str = ""
     log_stream: str = ""
     pid: int = 0
+    node_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -469,6 +485,15 @@ def _job_class() -> type:
                     for key in ("exitCode", "reason"):
                         if key in last:
                             container[key] = last[key]
+                if self.nodes:
+                    properties = copy.deepcopy(self.job_definition.node_properties)
+                    result["nodeProperties"] = {**properties, "numNodes": self.num_nodes}
+                if self.node_index is not None:
+                    result.pop("nodeProperties", None)
+                    container["command"] = self.executor._command(self)
+                    container["environment"] = self._get_container_property("environment", [])
+                    main = self.node_index == self.mnp.main_node
+                    result["nodeDetails"] = {"nodeIndex": self.node_index, "isMainNode": main}
                 if self.children:
                     result.pop("container", None)
                     result["arrayProperties"] = {
@@ -508,6 +533,12 @@ def _new_job(executor: BatchExecutor, request: dict[str, Any], **kwargs: Any) ->
     job.array_size = None
     job.ended_attempts = []
     job.terminate_reason = None
+    job.nodes = []  # a multi-node job's node jobs
+    job.mnp = None  # a node job's multi-node job
+    job.node_index = None
+    job.num_nodes = None
+    job.main_node = 0
+    job.node_overrides = {}
     job.retry_strategy = (
         request.get("retryStrategy") or job.job_definition.retry_strategy or {"attempts": 1}
     )
@@ -532,6 +563,7 @@ class BatchExecutor:
     :param extra_env: more environment of the "image", under the job's.
     :param term_grace: seconds between SIGTERM and SIGKILL on TerminateJob.
     :param cwd: the container's working directory.
+    :param multinode: run multi-node jobs (off: moto's own way, ended at submit).
     """
 
     def __init__(
@@ -544,8 +576,10 @@ class BatchExecutor:
         extra_env: dict[str, str] | None = None,
         term_grace: float = 2.0,
         cwd: str | os.PathLike[str] = ROOT,
+        multinode: bool = True,
     ) -> None:
         self.enabled = True
+        self.multinode = multinode
         self.runnable_delay = runnable_delay
         self.max_parallel = max_parallel
         self.timeout = timeout
@@ -731,8 +765,9 @@ class BatchExecutor:
         job_def = backend.get_job_definition(request.get("jobDefinition", ""))
         if job_def is None:
             raise ClientException(f"Job definition {request.get('jobDefinition')} does not exist")
-        if job_def.type != "container" or job_def.container_properties is None:
-            answer = original(response)  # multi-node, EKS: moto's own way
+        multinode = job_def.type == "multinode" and bool(job_def.node_properties)
+        if not (multinode and self.multinode) and job_def.container_properties is None:
+            answer = original(response)  # EKS (and multi-node if switched off): moto's way
             self._answered(call, json.loads(answer)["jobId"])
             return answer
         name = request.get("jobName", "")
@@ -773,7 +808,21 @@ class BatchExecutor:
             job = make(None, request.get("tags"))
             backend._jobs[job.job_id] = job
             self.jobs[job.job_id] = job
-            if size is None:
+            if multinode:
+                job.node_overrides = request.get("nodeOverrides") or {}
+                properties = job_def.node_properties
+                job.num_nodes = int(job.node_overrides.get("numNodes") or properties["numNodes"])
+                job.main_node = int(properties.get("mainNode", 0))
+                for index in range(job.num_nodes):
+                    node = make(f"{job.job_id}#{index}", None)
+                    queue.jobs.remove(node)  # ListJobs on the queue lists the job only
+                    node.mnp, node.node_index, node.status = job, index, "RUNNABLE"
+                    job.nodes.append(node)
+                    backend._jobs[node.job_id] = node
+                    self.jobs[node.job_id] = node
+                job.status = "RUNNABLE"
+                self._enqueue(job)
+            elif size is None:
                 job.status = "RUNNABLE"
                 self._enqueue(job)
             else:
@@ -807,7 +856,8 @@ class BatchExecutor:
         with self._changed:
             job = self.jobs.get(job_id)
             if job is None:
-                return original(response)  # a job moto ran (multi-node), or none: moto's answer
+                return original(response)  # a job moto ran, or none: moto's answer
+            job = job.mnp or job  # a node: its multi-node job
             if not reason:
                 from moto.batch.exceptions import ClientException
 
@@ -824,11 +874,12 @@ class BatchExecutor:
             self._queue = [q for q in self._queue if q[2] is not job]
             job.job_stopped_reason = reason
             self._end(job, "FAILED")
-        elif terminate:  # STARTING or RUNNING: the worker stops the process
+        elif terminate:  # STARTING or RUNNING: the worker stops the process(es)
             job.terminate_reason = reason
-            process = self._live.get(job.job_id)
-            if process is not None:
-                _kill_group(process, signal.SIGTERM)
+            for target in job.nodes or [job]:
+                process = self._live.get(target.job_id)
+                if process is not None:
+                    _kill_group(process, signal.SIGTERM)
 
     def _list(self, response: Any, original: Any) -> str:
         answer = original(response)
@@ -860,7 +911,8 @@ class BatchExecutor:
                     first = min(ready, key=lambda q: q[1])
                     self._queue.remove(first)
                     job = first[2]
-                    job.status = "STARTING"
+                    for target in [job, *job.nodes]:
+                        target.status = "STARTING"
                     self._update_parent(job)
                     self._changed.notify_all()
                     return job
@@ -887,13 +939,17 @@ class BatchExecutor:
     def environment(self, job: _Job, attempt: int | None = None) -> dict[str, str]:
         """The container's environment as Batch gives it (``attempt``: with AWS_BATCH_*)."""
         env = self.image_env()
-        overrides = job.container_overrides or {}
-        for source in (
-            job.job_definition.container_properties.get("environment"),
-            overrides.get("environment"),
-        ):
+        base, overrides = _container_spec(job)
+        for source in (base.get("environment"), overrides.get("environment")):
             env.update({e["name"]: e["value"] for e in source or []})
         env["AWS_BATCH_JOB_ID"] = job.job_id
+        if job.node_index is not None:
+            main = job.mnp.main_node
+            env["AWS_BATCH_JOB_NODE_INDEX"] = str(job.node_index)
+            env["AWS_BATCH_JOB_NUM_NODES"] = str(job.mnp.num_nodes)
+            env["AWS_BATCH_JOB_MAIN_NODE_INDEX"] = str(main)
+            if job.node_index != main:  # only the other nodes are told the main's address
+                env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
         if attempt is not None:
             env["AWS_BATCH_JOB_ATTEMPT"] = str(attempt)
             env["AWS_BATCH_JQ_NAME"] = job.job_queue.name
@@ -904,10 +960,8 @@ class BatchExecutor:
         return env
 
     def _command(self, job: _Job) -> list[str]:
-        overrides = job.container_overrides or {}
-        command = (
-            overrides.get("command") or job.job_definition.container_properties.get("command") or []
-        )
+        base, overrides = _container_spec(job)
+        command = overrides.get("command") or base.get("command") or []
         return list(job._add_parameters_to_command(list(command)))
 
     def _fault_for(self, job: _Job, attempt: int) -> Fault | None:
@@ -918,63 +972,47 @@ class BatchExecutor:
         return None
 
     def _attempt(self, job: _Job) -> None:
+        """One attempt of ``job``: its process (a multi-node job: one per node) to the end."""
         attempt = len(job.ended_attempts) + 1
-        command = self._command(job)
-        env = self.environment(job, attempt)
-        task = uuid.uuid4().hex
-        stream = f"{job.job_definition.name}/default/{task}"
+        units = [_Unit(target, self, attempt) for target in job.nodes or [job]]
+        main = units[job.main_node if job.nodes else 0]
         logs = job.backend.logs_backend
         with self._logs_lock:
             logs.ensure_log_group(LOG_GROUP)
-            logs.ensure_log_stream(LOG_GROUP, stream)
-        container: dict[str, Any] = {
-            "containerInstanceArn": f"arn:aws:ecs:{REGION}:123456789012:container-instance/{task}",
-            "taskArn": f"arn:aws:ecs:{REGION}:123456789012:task/{task}",
-            "logStreamName": stream,
-            "networkInterfaces": [],
-        }
+            for unit in units:
+                logs.ensure_log_stream(LOG_GROUP, unit.stream)
         started = _now_ms()
         fault = self._fault_for(job, attempt)
         if fault is not None and fault.fault == "pull":
             fault.fired_on = job.job_id
-            container["reason"] = (
-                "CannotPullContainerError: pull image manifest has been retried 1 time(s): "
-                "failed to resolve ref (injected by the test)"
+            for unit in units:
+                unit.container["reason"] = (
+                    "CannotPullContainerError: pull image manifest has been retried 1 time(s): "
+                    "failed to resolve ref (injected by the test)"
+                )
+            self._nodes_ended(job, units, started, _now_ms(), "Task failed to start")
+            self._attempt_ended(
+                job, attempt, started, main.summary(job), None, "Task failed to start"
             )
-            self._attempt_ended(job, attempt, started, container, None, "Task failed to start")
             return
         with self._changed:
             if job.terminate_reason is not None:  # terminated while STARTING
                 self._end(job, "FAILED", reason=job.terminate_reason)
                 return
-            process = subprocess.Popen(
-                command,
-                env=env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            for unit in units:
+                unit.start(self.cwd)
+                self._live[unit.job.job_id] = unit.process
             started = _now_ms()
-            self._live[job.job_id] = process
-            job.log_stream_name = stream
-            job.started_ms = started
-            job.job_started_at = dt.datetime.fromtimestamp(started / 1000)
-            job.status = "RUNNING"
+            for target in [job, *job.nodes]:
+                target.log_stream_name = main.stream
+                target.started_ms = started
+                target.job_started_at = dt.datetime.fromtimestamp(started / 1000)
+                target.status = "RUNNING"
+            for unit in units:
+                unit.job.log_stream_name = unit.stream
             self._update_parent(job)
             self._changed.notify_all()
-        out: list[str] = []
-        err: list[str] = []
-        readers = [
-            threading.Thread(
-                target=self._read,
-                args=(pipe, sink, logs, stream),
-                daemon=True,
-                name=f"{job.job_id}-{name}",
-            )
-            for pipe, sink, name in ((process.stdout, out, "out"), (process.stderr, err, "err"))
-        ]
+        readers = [reader for unit in units for reader in unit.readers(self, logs)]
         with self.lock:
             self._readers = [t for t in self._readers if t.is_alive()] + readers
         for reader in readers:
@@ -984,9 +1022,9 @@ class BatchExecutor:
             limit = min(limit, float(job.timeout["attemptDurationSeconds"]))
         t0 = time.monotonic()
         ending: tuple[str, Fault | None] | None = None  # why the executor stopped it
-        while True:
+        while True:  # the job ends when its (main node's) process does
             try:
-                returncode = process.wait(timeout=0.02)
+                main.process.wait(timeout=0.02)
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -995,30 +1033,35 @@ class BatchExecutor:
             ran = time.monotonic() - t0
             if job.terminate_reason is not None:
                 ending = ("terminated", None)
-                self._escalate(process)
+                for unit in units:
+                    self._escalate(unit.process)
             elif ran > limit:
                 ending = ("timeout", None)
-                _kill_group(process, signal.SIGKILL)
             elif self._closed:
                 ending = ("shutdown", None)
-                _kill_group(process, signal.SIGKILL)
             else:
                 fault = self._fault_for(job, attempt)
                 if fault is not None and (
-                    any(fault.on_output in line for line in out + err)
+                    any(fault.on_output in line for u in units for line in u.out + u.err)
                     if fault.on_output is not None
                     else ran >= fault.after
                 ):
                     fault.fired_on = job.job_id
                     ending = ("fault", fault)
-                    _kill_group(process, signal.SIGKILL)
+            if ending is not None and ending[0] != "terminated":
+                for unit in units:
+                    _kill_group(unit.process, signal.SIGKILL)
         stopped = _now_ms()
-        _kill_group(process, signal.SIGKILL)  # whatever the job left behind in its group
+        for unit in units:  # the other nodes, and whatever a job left in its group
+            _kill_group(unit.process, signal.SIGKILL)
+        for unit in units:
+            unit.process.wait(timeout=15)
         for reader in readers:
             reader.join(timeout=10)
         with self.lock:
-            self._live.pop(job.job_id, None)
-        exit_code: int | None = _exit_code(returncode)
+            for unit in units:
+                self._live.pop(unit.job.job_id, None)
+        exit_code: int | None = _exit_code(main.process.returncode)
         status_reason = EXITED
         kind, fault = ending or ("exit", None)
         if kind == "fault" and fault is not None:
@@ -1031,29 +1074,35 @@ class BatchExecutor:
             exit_code, status_reason = None, TIMED_OUT
         elif kind == "shutdown":
             exit_code, status_reason = None, "test ended"
-        if exit_code is not None:
-            container["exitCode"] = exit_code
-        self.executed.append(
-            ExecutedJob(
-                job.job_id,
-                command,
-                env,
-                exit_code,
-                "".join(out),
-                "".join(err),
-                attempt,
-                job.array_index,
-                started,
-                stopped,
-                status_reason,
-                stream,
-                process.pid,
-            )  # fmt: skip
-        )
+        for unit in units:
+            code = exit_code if unit is main else _exit_code(unit.process.returncode)
+            if exit_code is None:
+                code = None  # the host (or the attempt) went: no container exited
+            if code is not None:
+                unit.container["exitCode"] = code
+            self.executed.append(unit.executed(code, started, stopped, status_reason))
+        self._nodes_ended(job, units, started, stopped, status_reason)
         self._attempt_ended(
-            job, attempt, started, container, exit_code, status_reason, stopped=stopped,
+            job, attempt, started, main.summary(job), exit_code, status_reason, stopped=stopped,
             final=kind in ("terminated", "timeout", "shutdown"),
         )  # fmt: skip
+
+    def _nodes_ended(
+        self, job: _Job, units: list[_Unit], started: int, stopped: int, reason: str
+    ) -> None:
+        """Each node of a multi-node attempt keeps its own attempt record."""
+        if not job.nodes:
+            return
+        with self.lock:
+            for unit in units:
+                unit.job.ended_attempts.append(
+                    {
+                        "container": unit.container,
+                        "startedAt": started,
+                        "stoppedAt": stopped,
+                        "statusReason": reason,
+                    }
+                )
 
     def _attempt_ended(
         self,
@@ -1077,6 +1126,8 @@ class BatchExecutor:
             job.ended_attempts.append(record)
             job.started_ms = started
             job.log_stream_name = container["logStreamName"]
+            for node in job.nodes:
+                node.started_ms = started
             if exit_code == 0 and not final:
                 job.job_stopped_reason = status_reason
                 self._end(job, "SUCCEEDED", stopped)
@@ -1089,7 +1140,8 @@ class BatchExecutor:
                 status_reason,
             )
             if not final and action == "RETRY" and attempt < int(strategy.get("attempts", 1)):
-                job.status = "RUNNABLE"
+                for target in [job, *job.nodes]:
+                    target.status = "RUNNABLE"
                 self._update_parent(job)
                 self._enqueue(job)
                 return
@@ -1108,6 +1160,9 @@ class BatchExecutor:
         last = job.ended_attempts[-1]["container"] if job.ended_attempts else {}
         job.exit_code = last.get("exitCode")
         job.status = status
+        for node in job.nodes:  # a multi-node job's nodes end with it
+            if node.status not in ENDED:
+                self._end(node, status, job.stopped_ms, job.job_stopped_reason)
         self._update_parent(job)
         self._changed.notify_all()
 
@@ -1157,6 +1212,86 @@ class BatchExecutor:
                         LOG_GROUP, stream, [{"timestamp": _now_ms(), "message": message}]
                     )
         pipe.close()
+
+
+def _covers(target: str, index: int, num_nodes: int) -> bool:
+    """Whether a ``targetNodes`` range (``"0:"``, ``":1"``, ``"2"``, ``"1:3"``) holds ``index``."""
+    start, sep, end = target.partition(":")
+    if not sep:
+        return int(start) == index
+    return (int(start) if start else 0) <= index <= (int(end) if end else num_nodes - 1)
+
+
+def _container_spec(job: _Job) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The container a job (or a node of a multi-node job) runs, and its submitted overrides."""
+    if job.node_index is None:
+        return job.job_definition.container_properties or {}, job.container_overrides or {}
+    parent, base, overrides = job.mnp, {}, {}
+    for node_range in job.job_definition.node_properties.get("nodeRangeProperties") or []:
+        if _covers(node_range["targetNodes"], job.node_index, parent.num_nodes):
+            base = node_range.get("container") or {}
+    for override in parent.node_overrides.get("nodePropertyOverrides") or []:
+        if _covers(override["targetNodes"], job.node_index, parent.num_nodes):
+            overrides = override.get("containerOverrides") or {}
+    return base, overrides
+
+
+class _Unit:
+    """One process of an attempt: a job's, or one node's of a multi-node job."""
+
+    def __init__(self, job: _Job, executor: BatchExecutor, attempt: int) -> None:
+        self.job = job
+        self.attempt = attempt
+        self.command = executor._command(job)
+        self.env = executor.environment(job, attempt)
+        task = uuid.uuid4().hex
+        self.stream = f"{job.job_definition.name}/default/{task}"
+        self.container: dict[str, Any] = {
+            "containerInstanceArn": f"arn:aws:ecs:{REGION}:123456789012:container-instance/{task}",
+            "taskArn": f"arn:aws:ecs:{REGION}:123456789012:task/{task}",
+            "logStreamName": self.stream,
+            "networkInterfaces": [],
+        }
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.process: subprocess.Popen[bytes] = None  # type: ignore[assignment]
+
+    def start(self, cwd: str | os.PathLike[str]) -> None:
+        self.process = subprocess.Popen(
+            self.command,
+            env=self.env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def readers(self, executor: BatchExecutor, logs: Any) -> list[threading.Thread]:
+        pipes = ((self.process.stdout, self.out, "out"), (self.process.stderr, self.err, "err"))
+        return [
+            threading.Thread(
+                target=executor._read,
+                args=(pipe, sink, logs, self.stream),
+                daemon=True,
+                name=f"{self.job.job_id}-{name}",
+            )
+            for pipe, sink, name in pipes
+        ]
+
+    def summary(self, job: _Job) -> dict[str, Any]:
+        """The attempt's container on the job's own record: a multi-node job's has no exit
+        code (its main node's record has)."""
+        if not job.nodes:
+            return self.container
+        return {k: v for k, v in self.container.items() if k != "exitCode"}
+
+    def executed(self, code: int | None, started: int, stopped: int, reason: str) -> ExecutedJob:
+        return ExecutedJob(
+            self.job.job_id, self.command, self.env, code, "".join(self.out), "".join(self.err),
+            self.attempt, self.job.array_index, started, stopped, reason, self.stream,
+            self.process.pid, self.job.node_index,
+        )  # fmt: skip
 
 
 def _compute_env_name(job: _Job) -> str:

@@ -7,6 +7,7 @@ jobs run are small shell or Python one-liners so that each test takes a second o
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -22,8 +23,10 @@ from embedfresh.operators.runners.aws_batch import EVALUATE_ON_EXIT
 from tests.batch_harness import (
     COMPUTE_ENV,
     LOG_GROUP,
+    MULTI,
     PYTHON,
     QUEUE,
+    REGION,
     SINGLE,
     BatchExecutor,
     BatchServer,
@@ -368,7 +371,8 @@ def test_terminate_kills_the_process_group_and_ends_the_job_without_another_atte
 
 def test_terminating_an_array_parent_stops_every_child(batch, executor):
     parent_id = submit(batch, "stop-all", "sleep 30", arrayProperties={"size": 3})
-    executor.wait_for(f"{parent_id}:0", "RUNNING")
+    for index in (0, 1):  # two run, the third waits for a slot
+        executor.wait_for(f"{parent_id}:{index}", "RUNNING")
     batch.terminate_job(jobId=parent_id, reason="cancelled by the user")
     parent = executor.wait(parent_id, timeout=10)
     assert parent["status"] == "FAILED"
@@ -497,3 +501,84 @@ def test_the_server_variant_resets_its_batch_state_between_tests(batch_server):
     assert (
         batch_server.client.list_jobs(jobQueue=QUEUE, jobStatus="SUCCEEDED")["jobSummaryList"] == []
     )
+
+
+# --- multi-node -------------------------------------------------------------------------
+
+
+def test_a_multi_node_job_runs_a_process_per_node_and_ends_with_its_main_node(
+    batch, executor, logs
+):
+    script = (
+        'echo "node=$AWS_BATCH_JOB_NODE_INDEX/$AWS_BATCH_JOB_NUM_NODES'
+        " main=$AWS_BATCH_JOB_MAIN_NODE_INDEX"
+        ' at=${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-self} id=$AWS_BATCH_JOB_ID";'
+        ' [ "$AWS_BATCH_JOB_NODE_INDEX" = 0 ] && sleep 0.5 && exit 3; sleep 30'
+    )
+    job_id = batch.submit_job(
+        jobName="nodes",
+        jobQueue=QUEUE,
+        jobDefinition=MULTI,
+        nodeOverrides={
+            "numNodes": 3,
+            "nodePropertyOverrides": [
+                {"targetNodes": "0:", "containerOverrides": {"command": ["sh", "-c", script]}}
+            ],
+        },
+    )["jobId"]
+    executor.wait_for(job_id, "RUNNING")
+    assert [describe(batch, f"{job_id}#{i}")["status"] for i in range(3)] == ["RUNNING"] * 3
+    job = executor.wait(job_id, timeout=20)
+    # The main node exited 3 after 0.5 s: the job ended then, the other nodes stopped.
+    assert job["status"] == "FAILED" and job["nodeProperties"]["numNodes"] == 3
+    [attempt] = job["attempts"]
+    assert "exitCode" not in attempt["container"]  # the main node's record has it
+    assert attempt["stoppedAt"] - attempt["startedAt"] < 10_000
+    nodes = [describe(batch, f"{job_id}#{i}") for i in range(3)]
+    assert [n["nodeDetails"] for n in nodes] == [
+        {"nodeIndex": i, "isMainNode": i == 0} for i in range(3)
+    ]
+    assert nodes[0]["container"]["exitCode"] == 3 and nodes[0]["status"] == "FAILED"
+    assert [n["container"]["exitCode"] for n in nodes[1:]] == [137, 137]  # stopped
+    for i, node in enumerate(nodes):
+        at = "self" if i == 0 else "127.0.0.1"
+        assert log_lines(logs, node["container"]["logStreamName"]) == [
+            f"node={i}/3 main=0 at={at} id={job_id}#{i}"
+        ]
+    assert executor.live_pids() == []
+
+
+def test_the_runners_multi_node_launcher_runs_on_every_node(batch, executor, tmp_path, logs):
+    """The product's own request for 2 nodes (its torchrun launcher), run node by node."""
+    from embedfresh.operators import AwsBatchRunner, BatchSettings, JobSpec
+
+    fake_python = tmp_path / "python"
+    # Prints its arguments; the main node waits for the other (Batch ends the job, and
+    # stops the other nodes, when the main node exits).
+    fake_python.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@"\ntouch "$0.$AWS_BATCH_JOB_NODE_INDEX"\n'
+        'n=0; while [ ! -e "$0.1" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done\n'
+    )
+    fake_python.chmod(0o755)
+    runner = AwsBatchRunner(
+        BatchSettings(
+            job_definition=MULTI,
+            job_queue=QUEUE,
+            num_nodes=2,
+            python=str(fake_python),
+            aws_conn_id=None,
+            region_name=REGION,
+        )
+    )
+    job_id = runner.submit(JobSpec("train", nproc_per_node=4), logging.getLogger("test"))
+    job = executor.wait(job_id)
+    assert job["status"] == "SUCCEEDED"
+    for i in range(2):
+        node = describe(batch, f"{job_id}#{i}")
+        argv = log_lines(logs, node["container"]["logStreamName"])
+        assert argv[:8] == [
+            "-m", "embedfresh.jobs.launch", "--nnodes", "2", "--node_rank", str(i),
+            "--nproc-per-node", "4",
+        ]  # fmt: skip
+        master = argv[argv.index("--master_addr") + 1]
+        assert master == "127.0.0.1" if i else master  # node 0: its own address
