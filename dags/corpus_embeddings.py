@@ -19,8 +19,8 @@ How the shards fan out is a deployment setting, read when the DAG file is parsed
   ``EMBEDFRESH_BATCH_JOB_DEFINITION``; ``EMBEDFRESH_EMBED_MAX_CHILDREN`` sets the
   Param's default (1,000).
 
-Either way ``verify`` checks every shard against the corpus, writes the manifest and
-updates the Asset ``embedfresh://embeddings/<model>/<corpus>``. docs/SCALING.md says
+Either way ``verify`` (the same operator; on AWS Batch too with ``array``) checks every
+shard against the corpus, writes the manifest and updates the Asset ``embedfresh://embeddings/<model>/<corpus>``. docs/SCALING.md says
 where each one stops scaling.
 
 The Params' defaults run the embedded demo on CPU (after ``python -m embedfresh.jobs.generate_data``
@@ -108,7 +108,17 @@ with DAG(
         corpus="{{ params.corpus }}",
     )
     verify = EmbeddingVerifyOperator(
-        task_id="verify", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
+        task_id="verify",
+        **COMMON_JOB_ARGS,
+        version=VERSION,
+        corpus="{{ params.corpus }}",
+        # With the array fan-out the corpus is large: the verifier, which reads every
+        # part, runs where the embeddings were made, not on the Airflow worker.
+        **(
+            {"execution_mode": "aws_batch", "batch": _batch_settings()}
+            if FAN_OUT == "array"
+            else {}
+        ),
     )
     if FAN_OUT == "mapped":
         list_shards = CorpusShardsOperator(

@@ -459,6 +459,26 @@ def test_corpus_embeddings_as_one_array_job_task_when_so_deployed(tmp_path: Path
         "verify": ["embed"],
     }
     assert "max_children" in dag["tasks"]["embed"]["template_fields"]
+    # Both the array job and the verifier (which reads every part) run on AWS Batch.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, job_env
+
+    probe = (
+        "import json, runpy; dag = runpy.run_path('dags/corpus_embeddings.py')['dag']; "
+        "print(json.dumps({t.task_id: [getattr(t, 'execution_mode', None), "
+        "getattr(t, 'runner_settings', None)] for t in dag.tasks}))"
+    )
+    env = job_env({**ARRAY_ENV, "AIRFLOW_HOME": str(tmp_path / "home")})
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modes = json.loads(proc.stdout.strip().splitlines()[-1])
+    batch = {"job_queue": "embed-queue", "job_definition": "embedfresh-cpu"}
+    assert modes["embed"] == modes["verify"] == ["aws_batch", batch]
+    assert modes["resolve_version"][0] is None
     assert dag["params"]["max_children"] == 500 and "shards_per_task" not in dag["params"]
 
 
