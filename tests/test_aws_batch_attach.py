@@ -211,3 +211,39 @@ def test_every_aws_call_the_runner_makes_is_in_the_readmes_iam_list(
     assert {"batch:SubmitJob", "batch:ListJobs", "logs:GetLogEvents"} <= runner_calls
     missing = sorted(c for c in runner_calls if f"`{c}`" not in iam)
     assert not missing, f"calls the runner makes that the README's IAM list lacks: {missing}"
+
+
+def test_an_array_job_reports_its_children_by_state_and_copies_their_logs_on_request(
+    batch, executor, tmp_path
+):
+    """Three children, one of which exits 2 (bad input): the array FAILED with 2, each
+    child's log copied into the task log because ``child_logs`` asks for it."""
+    from embedfresh.operators.job_spec import JobSpec
+    from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
+
+    script = tmp_path / "python"
+    script.write_text(
+        '#!/bin/sh\necho "child says $AWS_BATCH_JOB_ARRAY_INDEX"\n'
+        '[ "$AWS_BATCH_JOB_ARRAY_INDEX" = 1 ] && { echo "bad slice" >&2; exit 2; }\nexit 0\n'
+    )
+    script.chmod(0o755)
+    runner = AwsBatchRunner(
+        BatchSettings.from_mapping(settings(python=str(script), poll_interval=0.2, child_logs=True))
+    )
+    log = logging.getLogger("array")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        result = runner.run(JobSpec("embed", {"run_id": "r1"}, array_size=3), log)
+    finally:
+        log.removeHandler(handler)
+    assert result.exit_code == 2
+    assert result.details["children"] == {"FAILED": 1, "SUCCEEDED": 2}
+    assert f"child {result.details['aws_batch_job_id']}:1 exited 2" in result.tail
+    said = sorted(m.split("] ", 1)[1] for m in records if "] child says" in m)
+    assert said == ["child says 0", "child says 1", "child says 2"]
+    assert any("] bad slice" in m for m in records)
+    assert len(result.cost["attempts"]) == 3 and result.cost["children"] == 3
