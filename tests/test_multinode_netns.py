@@ -1,0 +1,187 @@
+"""Multi-node training across two real network hosts (network namespaces and a veth).
+
+Each host runs the exact command the AWS Batch runner builds for a multi-node parallel
+job (``AwsBatchRunner.command``: a ``sh -c`` script starting :mod:`embedfresh.jobs.launch`)
+with the container environment the runner sends and the variables Batch gives each node:
+``AWS_BATCH_JOB_NODE_INDEX``, ``AWS_BATCH_JOB_NUM_NODES``, ``AWS_BATCH_JOB_MAIN_NODE_INDEX``,
+and on the child node only ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS`` (Batch does not
+set it on the main node, which falls back to ``hostname -i``). Gloo goes over the veth
+(``GLOO_SOCKET_IFNAME``, as a user names the ENI/EFA interface). Both hosts see one
+``file://`` store, as Batch nodes see one S3 bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
+from tests import netns
+from tests.conftest import ROOT, job_env
+from tests.test_train_ddp import free_port
+
+BASE = {"data_interval_start": "2026-01-01", "init": "base", "log_every": 1}
+# No dropout and no in-batch contrastive term: the mean of the ranks' gradients is then
+# the same sum whichever host a rank runs on (see tests/test_train_ddp.py).
+SAME_MATH = {"contrastive_weight": 0, "dropout": 0, "batch_size": 16}
+PORT = 29500  # the runner's default: each host has its own ports
+NODE_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def hosts() -> Iterator[tuple[netns.Host, netns.Host]]:
+    reason = netns.unavailable()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and two network hosts cannot be made: {reason}")
+        pytest.skip(f"two network hosts cannot be made: {reason}")
+    with netns.two_hosts() as pair:
+        yield pair
+
+
+@dataclass
+class Node:
+    host: netns.Host
+    proc: subprocess.Popen
+    log: Path
+
+    def wait(self, timeout: float = NODE_TIMEOUT_S) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def batch_command(job: str, settings: dict, nproc_per_node: int = 1) -> tuple[list[str], dict]:
+    """The runner's command and container environment for a two-node job."""
+    runner = AwsBatchRunner(
+        BatchSettings(job_definition="mnp", job_queue="q", num_nodes=2, python=sys.executable)
+    )
+    spec = JobSpec(job, settings, nproc_per_node=nproc_per_node)
+    env = {e["name"]: e["value"] for e in runner.environment(spec)}
+    return runner.command(spec), env
+
+
+def start_node(
+    host: netns.Host, index: int, main: netns.Host, command: list[str], container: dict, log: Path
+) -> Node:
+    env = {k: v for k, v in job_env(container).items() if not k.startswith("AWS_BATCH_")}
+    env.update(
+        AWS_BATCH_JOB_NODE_INDEX=str(index),
+        AWS_BATCH_JOB_NUM_NODES="2",
+        AWS_BATCH_JOB_MAIN_NODE_INDEX="0",
+        GLOO_SOCKET_IFNAME=host.ifname,
+    )
+    if index != 0:  # Batch gives the main node's address to the child nodes only
+        env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = main.addr
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            host.argv(command),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    return Node(host, proc, log)
+
+
+def run_two_nodes(
+    hosts: tuple[netns.Host, netns.Host], job: str, settings: dict, logs: Path
+) -> list[Node]:
+    command, container = batch_command(job, settings)
+    main = hosts[0]
+    nodes = [
+        start_node(h, i, main, command, container, logs / f"{settings['run_id']}-node{i}.log")
+        for i, h in enumerate(hosts)
+    ]
+    for node in nodes:
+        node.wait()
+    return nodes
+
+
+def one_host(root: str, job: str, settings: dict) -> subprocess.CompletedProcess:
+    """The same job on one host: the launcher with two processes on loopback."""
+    cmd = [sys.executable, "-m", "embedfresh.jobs.launch", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd += ["-m", f"embedfresh.jobs.{job}"]
+    cmd += JobSpec(job, settings).job_args()
+    return subprocess.run(
+        cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=NODE_TIMEOUT_S
+    )
+
+
+def store_path(root: str, *parts: str) -> Path:
+    return Path(root.removeprefix("file://"), *parts)
+
+
+def weights_sha256(root: str, version: str) -> str:
+    path = store_path(root, "models/tiny/versions", version, "model.safetensors")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def train_report(root: str, run_id: str) -> dict:
+    return json.loads(store_path(root, "runs/tiny", run_id, "reports/train.json").read_text())
+
+
+def test_two_hosts_train_bit_exact_against_one_host(hosts, root: str, tmp_path: Path) -> None:
+    settings = {"artifact_root": root, **BASE, **SAME_MATH, "max_steps": 6, "checkpoint_every": 3}
+    started = time.monotonic()
+    nodes = run_two_nodes(hosts, "train", {**settings, "run_id": "hosts"}, tmp_path)
+    two_host_s = time.monotonic() - started
+    for node in nodes:
+        assert node.proc.returncode == 0, node.stderr()[-3000:]
+    single = one_host(root, "train", {**settings, "run_id": "one"})
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    across, one = train_report(root, "hosts"), train_report(root, "one")
+    assert across["world_size"] == 2 and (across["nodes"], across["devices_per_node"]) == (2, 1)
+    assert (one["nodes"], one["devices_per_node"]) == (1, 2)
+    assert across["steps"] == one["steps"] == 6
+    assert weights_sha256(root, "hosts") == weights_sha256(root, "one")
+    print(f"two-host train: {two_host_s:.1f} s")
+
+
+def test_the_main_node_finds_its_own_address_and_not_loopback(hosts) -> None:
+    # The runner's fallback on the main node is ``hostname -i``; each host's /etc/hosts
+    # maps the hostname to its address, as a container runtime writes it.
+    for host in hosts:
+        own = subprocess.run(host.argv(["hostname", "-i"]), capture_output=True, text=True)
+        assert own.stdout.split() == [host.addr], own.stderr
+
+
+def test_health_collectives_across_two_hosts_report_bus_bandwidth(
+    hosts, root: str, tmp_path: Path
+) -> None:
+    settings = {
+        "artifact_root": root,
+        "run_id": "hosts-health",
+        "expected_world_size": 2,
+        "collectives": True,
+    }
+    nodes = run_two_nodes(hosts, "health", settings, tmp_path)
+    for node in nodes:
+        assert node.proc.returncode == 0, node.stderr()[-3000:]
+    path = store_path(root, "runs/tiny/hosts-health/reports/health.json")
+    health = json.loads(path.read_text())
+    assert health["verdict"] == "PASS", health
+    coll = health["collectives"]
+    assert {c["op"] for c in coll} == {"all_reduce", "all_gather", "reduce_scatter"}
+    for c in coll:
+        assert c["world_size"] == 2 and not c["trivial"] and c["passed"], c
+        assert c["busbw_gbps"] > 0 and c["time_us"] > 0, c
+    FIGURES.update({f"{c['op']}.{c['size_bytes']}B": (c["busbw_gbps"], c["time_us"]) for c in coll})
+    print(json.dumps(FIGURES, indent=1))
+
+
+FIGURES: dict[str, tuple[float, float]] = {}
