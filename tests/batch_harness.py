@@ -37,10 +37,11 @@ would not end).
 What a submitted single-node (``container``) job goes through, as DescribeJobs and
 ListJobs show it:
 
-* SubmitJob returns at once; the job is RUNNABLE for ``runnable_delay`` seconds (a test
-  can stop a worker "right after SubmitJob" in that window), then waits for one of
-  ``max_parallel`` process slots (array children queue for them in index order),
-  STARTING, and RUNNING while its process runs.
+* SubmitJob returns at once; the job is SUBMITTED for a moment (a quarter of
+  ``runnable_delay``, at most 50 ms), then RUNNABLE until ``runnable_delay`` seconds
+  after SubmitJob (a test can stop a worker "right after SubmitJob" in that window),
+  then waits for one of ``max_parallel`` process slots (array children queue for them
+  in index order), STARTING, and RUNNING while its process runs.
 * The process is the container's command (the submitted ``containerOverrides.command``,
   else the definition's, ``Ref::`` parameters substituted), run in :data:`ROOT` (or
   ``cwd=``) in its own process group, with the environment Batch gives a container: the
@@ -428,6 +429,9 @@ def _job_class() -> type:
 
         @property
         def status(self) -> str | None:  # type: ignore[override]
+            until = getattr(self, "submitted_until", None)
+            if self._status == "SUBMITTED" and until is not None and time.monotonic() >= until:
+                self._status = "PENDING" if self.children else "RUNNABLE"
             return self._status
 
         @status.setter
@@ -820,13 +824,10 @@ class BatchExecutor:
                     job.nodes.append(node)
                     backend._jobs[node.job_id] = node
                     self.jobs[node.job_id] = node
-                job.status = "RUNNABLE"
                 self._enqueue(job)
             elif size is None:
-                job.status = "RUNNABLE"
                 self._enqueue(job)
             else:
-                job.status = "PENDING"
                 job._child_jobs = job.children
                 for index in range(size):
                     child = make(f"{job.job_id}:{index}", None)
@@ -838,6 +839,9 @@ class BatchExecutor:
                     backend._jobs[child.job_id] = child
                     self.jobs[child.job_id] = child
                     self._enqueue(child)
+            # SUBMITTED for a moment, then RUNNABLE (an array: PENDING), as Batch moves it.
+            job.status = "SUBMITTED"
+            job.submitted_until = time.monotonic() + min(0.05, self.runnable_delay / 4)
             self._answered(call, job.job_id)
         if self.sync_submit:
             self.wait(job.job_id, timeout=self.timeout)
