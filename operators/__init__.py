@@ -9,6 +9,7 @@ from embedfresh.operators.base import EmbedfreshJobOperator
 from embedfresh.operators.compile import AheadOfTimeCompileOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import (
+    BatchArrayEmbeddingOperator,
     BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
@@ -46,6 +47,7 @@ __all__ = [
     "MODEL_PROMOTIONS_ALIAS",
     "AwsBatchRunner",
     "BackendParityOperator",
+    "BatchArrayEmbeddingOperator",
     "BatchEmbeddingOperator",
     "BatchSettings",
     "CorpusShardsOperator",

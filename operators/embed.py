@@ -31,7 +31,7 @@ from embedfresh.operators.assets import (
 from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.registry import production_version
-from embedfresh.operators.runners import JobResult
+from embedfresh.operators.runners import AttachingRunner, JobResult
 
 if TYPE_CHECKING:
     from embedfresh.core.embed_plan import EmbedPlan
@@ -343,6 +343,15 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
         self.use_run_context(context)
         self.verify_inputs()
         ticket = self.result_ticket(context)
+        runner = self.runner
+        if isinstance(runner, AttachingRunner):
+            # A retry after a lost worker waits on the array its try submitted, with that
+            # try's ticket and plan: planning again would list the shards it is embedding.
+            probe = super().build_job_spec(ticket)
+            attached = runner.attach(probe, self.log, context.get("task_state_store"))
+            if attached.result != ticket:
+                self._ticket = attached.result
+                return super().execute(context)
         planned = self.plan(ticket)
         if not planned.get("slices"):
             self.log.info(

@@ -398,6 +398,9 @@ def test_deferred_array_job_a_retry_reattaches_and_a_resume_reads_every_child(
     # SubmitJob, and it reads the records of the children of the job it attached to.
     retried = operator().execute({})
     assert len(slow_executor.submits) == 1
+    # ... and it did not plan again (the shards the live job embeds are pending too).
+    plans = sorted((tmp_path / f"runs/tiny/{RUN}/plans").rglob("*.json"))
+    assert len(plans) == 1, plans
     assert retried["children"] == 3 and retried["shards_embedded"] == 6 and retried["rows"] == 600
 
     # The deferred task resumed by the triggerer's event reads the same children.
