@@ -30,6 +30,7 @@ from tests.batch_harness import (
     SINGLE,
     BatchExecutor,
     BatchServer,
+    LocalBatchExecutor,
     describe,
     log_lines,
     moto_batch,
@@ -418,6 +419,21 @@ def test_shutdown_kills_what_still_runs_and_joins_every_thread(batch, monkeypatc
     assert gone(pid)
     left = [t.name for t in threading.enumerate() if t.name.startswith(("batch-executor-", job_id))]
     assert left == []
+
+
+def test_installed_without_the_fixture_it_shuts_down_with_the_monkeypatch(batch):
+    """``LocalBatchExecutor().install(monkeypatch)`` (the older tests' way): each job ends
+    inside SubmitJob, and the monkeypatch's undo kills and joins what is left."""
+    with pytest.MonkeyPatch.context() as patch:
+        executor = LocalBatchExecutor().install(patch)
+        done = submit(batch, "at-once", "echo done")
+        assert describe(batch, done)["status"] == "SUCCEEDED"  # ended before SubmitJob returned
+        executor.sync_submit = False
+        left = submit(batch, "left-behind", "sleep 30")
+        executor.wait_for(left, "RUNNING")
+        [pid] = executor.live_pids()
+    assert gone(pid)
+    assert not [t for t in threading.enumerate() if t.name.startswith("batch-executor-")]
 
 
 # --- logs -------------------------------------------------------------------------------
