@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,11 +184,8 @@ def test_health_collectives_across_two_hosts_report_bus_bandwidth(
     for c in coll:
         assert c["world_size"] == 2 and not c["trivial"] and c["passed"], c
         assert c["busbw_gbps"] > 0 and c["time_us"] > 0, c
-    FIGURES.update({f"{c['op']}.{c['size_bytes']}B": (c["busbw_gbps"], c["time_us"]) for c in coll})
-    print(json.dumps(FIGURES, indent=1))
-
-
-FIGURES: dict[str, tuple[float, float]] = {}
+    for c in coll:  # the figures docs/RELIABILITY.md quotes (pytest -s)
+        print(f"{c['op']} {c['size_bytes']} B: busbw {c['busbw_gbps']} GB/s, {c['time_us']} us")
 
 
 def wait_for_line(node: Node, *words: str, timeout: float = NODE_TIMEOUT_S) -> str:
@@ -243,3 +241,20 @@ def test_a_node_lost_mid_run_fails_the_job_and_the_retry_resumes_bit_exact(
     assert 4 <= resumed < 16
     print(f"node lost: main node exit {codes[0]}, retry resumed from step {resumed}")
     assert weights_sha256(root, "lost") == weights_sha256(root, "whole")
+
+
+def test_a_main_node_whose_hostname_resolves_to_loopback_still_trains(
+    hosts, root: str, tmp_path: Path
+) -> None:
+    # The machine's own /etc/hosts on the main node (hostname -> 127.0.0.1, as on many
+    # hosts): the fallback gives loopback. Only the main node itself uses MASTER_ADDR
+    # (the rendezvous store listens on every interface); gloo takes its address from
+    # GLOO_SOCKET_IFNAME, so the child still reaches it over the veth.
+    main = hosts[0]
+    shutil.rmtree(netns.NETNS_ETC / main.ns)
+    own = subprocess.run(main.argv(["hostname", "-i"]), capture_output=True, text=True)
+    assert main.addr not in own.stdout.split(), own.stdout
+    settings = {"artifact_root": root, **BASE, **SAME_MATH, "max_steps": 2, "run_id": "lo"}
+    for node in run_two_nodes(hosts, "train", settings, tmp_path):
+        assert node.proc.returncode == 0, node.stderr()[-3000:]
+    assert train_report(root, "lo")["world_size"] == 2
