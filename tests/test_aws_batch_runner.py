@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -155,8 +156,17 @@ def test_a_single_node_job_runs_the_job_argv_with_its_env_and_retry_strategy(
     assert {k: env[k] for k in NEURON_ENV} == NEURON_ENV
     assert env[ARTIFACT_ROOT_ENV] == root
     assert env["FROM_DEFINITION"] == "1"  # the definition's env stays under the overrides
-    assert job["tags"] == {"team": "search"}
-    assert job["jobName"] == "embedfresh-train-scheduled__2026-01-02T00-00-00-00-00"
+    # The team's tags, and the result record the job writes (a retry that finds the job
+    # by name reads that record).
+    assert job["tags"] == {
+        "team": "search",
+        "embedfresh:result-name": "train",
+        "embedfresh:attempt-id": command[-1],
+    }
+    # Readable, and one per task instance (a hash of the run and the result name).
+    assert re.fullmatch(
+        r"embedfresh-train-scheduled__2026-01-02T00-00-00-00-00-[0-9a-f]{12}", job["jobName"]
+    )
 
     [request] = sent
     assert request["retryStrategy"] == {
@@ -336,7 +346,8 @@ def test_deferrable_defers_to_the_providers_trigger_and_resumes_on_its_event(
     deferred = info.value
     assert deferred.method_name == "execute_complete"
     classpath, kwargs = deferred.trigger.serialize()
-    assert classpath == "airflow.providers.amazon.aws.triggers.batch.BatchJobTrigger"
+    # The provider's trigger, plus on_kill: a person stopping the task stops the job.
+    assert classpath == "embedfresh.operators.runners.aws_batch_trigger.BatchJobKillingTrigger"
     job_id = op.runner.job_id
     assert kwargs["job_id"] == job_id and kwargs["region_name"] == REGION
     assert kwargs["waiter_delay"] == 45 and kwargs["waiter_max_attempts"] == 100
