@@ -36,7 +36,6 @@ BASE = {"data_interval_start": "2026-01-01", "init": "base", "log_every": 1}
 # No dropout and no in-batch contrastive term: the mean of the ranks' gradients is then
 # the same sum whichever host a rank runs on (see tests/test_train_ddp.py).
 SAME_MATH = {"contrastive_weight": 0, "dropout": 0, "batch_size": 16}
-PORT = 29500  # the runner's default: each host has its own ports
 NODE_TIMEOUT_S = 300
 # What the main node's launcher exits with when the other node is lost mid-run.
 LOST_PEER_EXIT = 1
