@@ -37,8 +37,9 @@ BASE = {"data_interval_start": "2026-01-01", "init": "base", "log_every": 1}
 # the same sum whichever host a rank runs on (see tests/test_train_ddp.py).
 SAME_MATH = {"contrastive_weight": 0, "dropout": 0, "batch_size": 16}
 NODE_TIMEOUT_S = 300
-# What the main node's launcher exits with when the other node is lost mid-run.
-LOST_PEER_EXIT = 1
+# What the main node's launcher exits with when the other node is lost mid-run: 75,
+# transient (embedfresh.core.cli.lost_peer), so Batch's evaluateOnExit retries it.
+LOST_PEER_EXIT = 75
 
 
 @pytest.fixture

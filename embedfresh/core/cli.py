@@ -125,7 +125,7 @@ def run_job(
         print(f"{name}: error: {one_line(str(e))}", file=sys.stderr, flush=True)
         return int(e.exit_code)
     except Exception as e:
-        if not is_transient(e):
+        if not (is_transient(e) or lost_peer(e)):
             raise
         print(
             f"{name}: error: transient infrastructure fault ({type(e).__name__}: {e}); "
@@ -136,6 +136,23 @@ def run_job(
         return int(ExitCode.TRANSIENT)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return int(ExitCode.OK)
+
+
+def lost_peer(exc: BaseException | None) -> bool:
+    """A collective failed because another rank's host went away: gloo's transport
+    reset or timed out (a ``RuntimeError`` from ``gloo/transport``), or c10d's
+    ``DistNetworkError``. Transient: the retry, on nodes that are all there, resumes
+    from the checkpoint. Matched by name and message (core imports no torch). NCCL's
+    ``DistBackendError`` is left out: it can also mean a faulty device."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "DistNetworkError" or (
+            isinstance(exc, RuntimeError) and "gloo/transport/" in str(exc)
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class Terminated(TransientError):

@@ -69,3 +69,27 @@ def test_a_bug_stays_a_crash():
 
     with pytest.raises(KeyError):
         cli.run_job("probe", JobConfig, job, ["--set", "run_id=r1"])
+
+
+def test_a_collective_that_lost_its_peer_is_transient_and_nothing_else_is():
+    """Gloo's transport errors and c10d's DistNetworkError (also as the cause of another
+    error) mean another host went away: exit 75. A plain RuntimeError stays a crash."""
+    from embedfresh.core.cli import lost_peer
+
+    reset = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+        "[10.213.0.2]:40123: Connection reset by peer"
+    )
+    assert lost_peer(reset)
+    DistNetworkError = type("DistNetworkError", (RuntimeError,), {})
+    assert lost_peer(DistNetworkError("connection to the store failed"))
+    try:
+        try:
+            raise reset
+        except RuntimeError as e:
+            raise ValueError("step 4 failed") from e
+    except ValueError as wrapped:
+        assert lost_peer(wrapped)
+    assert not lost_peer(RuntimeError("CUDA error: an illegal memory access"))
+    assert not lost_peer(ValueError("gloo/transport/ in a message of another type"))
+    assert not lost_peer(None)
