@@ -1,0 +1,238 @@
+"""The production-like stack on 127.0.0.1 for the tests: Airflow on a fresh PostgreSQL
+database with the CeleryExecutor on Redis, an api-server, scheduler, dag-processor,
+triggerer and two Celery workers in one process group (tests/airflow/server.py's
+:class:`AirflowServer`, with a command and environment per component).
+
+Settings come from tests/stack/settings.py, which docker-compose.yaml must agree with
+(tests/test_compose.py). :func:`require_services` skips the stack tests with the missing
+service's name, or fails them under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.airflow.server import AirflowServer, free_port
+from tests.conftest import ROOT
+from tests.stack import settings
+
+HOST = "127.0.0.1"
+WORKERS = ("worker-a", "worker-b")
+
+
+# --- the services the machine must run --------------------------------------------------
+
+
+def unreachable(services: dict[str, int], host: str = HOST, timeout: float = 1.0) -> list[str]:
+    """``name (host:port)`` of each service nobody answers for (a TCP connect)."""
+    missing = []
+    for name, port in services.items():
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                pass
+        except OSError:
+            missing.append(f"{name} ({host}:{port})")
+    return missing
+
+
+def require_services(services: dict[str, int] = settings.SERVICES) -> None:
+    """Skip the calling test when a service is unreachable, naming it; under ``CI=true``
+    fail instead (CI machines run them, so a missing one is a broken machine)."""
+    missing = unreachable(services)
+    if not missing:
+        return
+    message = (
+        f"the PostgreSQL + Celery stack tests need {', '.join(missing)}: not reachable "
+        "(../shared/FACTS.md says how to start one)"
+    )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+# --- a fresh database -------------------------------------------------------------------
+
+
+def _admin_connection():
+    import psycopg2
+
+    conn = psycopg2.connect(
+        host=HOST,
+        port=settings.SERVICES["postgresql"],
+        user="postgres",
+        dbname="postgres",
+        connect_timeout=10,
+    )
+    conn.autocommit = True
+    return conn
+
+
+def create_database() -> str:
+    """A new empty database ``embedfresh_test_<random>``; its name."""
+    name = f"embedfresh_test_{secrets.token_hex(6)}"
+    conn = _admin_connection()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
+    return name
+
+
+def drop_database(name: str) -> None:
+    conn = _admin_connection()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        conn.close()
+
+
+def database_url(name: str) -> str:
+    port = settings.SERVICES["postgresql"]
+    return f"{settings.DATABASE_SCHEME}://postgres@{HOST}:{port}/{name}"
+
+
+# --- the stack ----------------------------------------------------------------------------
+
+
+def stack_env(database_url: str, broker_url: str, s3_endpoint: str) -> dict[str, str]:
+    """The settings every component shares (tests/stack/settings.py)."""
+    conn = settings.aws_connection(s3_endpoint, "us-east-1", "testing", "testing")
+    return settings.airflow_settings(database_url, broker_url, conn)
+
+
+def stack_commands(
+    home: str | Path = "$AIRFLOW_HOME", queue: str = "$EMBEDFRESH_QUEUE"
+) -> dict[str, tuple[str, ...]]:
+    """``airflow <args>`` of each component, by name. The workers serve ``queue`` only
+    (other stacks on the same Redis use their own) and keep their pid files apart."""
+    commands: dict[str, tuple[str, ...]] = {
+        name: (name,) for name in settings.AIRFLOW_COMMANDS if name != "celery worker"
+    }
+    for worker in WORKERS:
+        commands[worker] = (
+            "celery",
+            "worker",
+            "--celery-hostname",
+            f"{worker}@%h",
+            "--pid",
+            f"{home}/{worker}.pid",
+            "--queues",
+            queue,
+            *settings.WORKER_FLAGS,
+        )
+    return commands
+
+
+def worker_env(worker: str) -> dict[str, str]:
+    """What one worker's environment adds: its name as the task instances' hostname
+    (tests/stack/worker_name.py) and a log server port of its own."""
+    return {
+        "EMBEDFRESH_TEST_WORKER": worker,
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.stack.worker_name.hostname",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": f"${port_var(worker)}",
+    }
+
+
+def port_var(worker: str) -> str:
+    """The variable holding ``worker``'s log server port."""
+    return f"{worker.upper().replace('-', '_')}_LOG_PORT"
+
+
+def command_lines() -> list[str]:
+    """The shell commands that make the stack, as docs/STACK.md lists them: the database
+    migration, then one line per component. ``$AIRFLOW_HOME``, ``$EMBEDFRESH_QUEUE`` and
+    the workers' ``$WORKER_*_LOG_PORT`` come from the environment."""
+    lines = ["airflow db migrate"]
+    for name, args in stack_commands().items():
+        env = [f"{k}={v}" for k, v in worker_env(name).items()] if name in WORKERS else []
+        lines.append(" ".join(["env", *env, "airflow", *args] if env else ["airflow", *args]))
+    return lines
+
+
+class CeleryStack(AirflowServer):
+    """The stack in ``home`` on database ``database`` and Redis database ``redis_db``,
+    started with :func:`command_lines`."""
+
+    max_lifetime_s = 1800
+
+    def __init__(
+        self, home: Path, artifact_root: str, database: str, redis_db: int, s3_endpoint: str
+    ) -> None:
+        self.queue = f"embedfresh-{secrets.token_hex(4)}"
+        self.broker_url = f"redis://{HOST}:{settings.SERVICES['redis']}/{redis_db}"
+        extra = {
+            **stack_env(database_url(database), self.broker_url, s3_endpoint),
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": self.queue,
+            "EMBEDFRESH_QUEUE": self.queue,
+            **{port_var(worker): str(free_port()) for worker in WORKERS},
+            # The workers' hostname_callable (tests/stack/worker_name.py) is imported
+            # from the checkout.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        super().__init__(home, artifact_root, components=stack_commands(), extra_env=extra)
+
+    def migrate(self, timeout: float = 600) -> float:
+        """``airflow db migrate`` (the first of :func:`command_lines`) on the fresh
+        database; seconds it took."""
+        start = time.monotonic()
+        proc = subprocess.run(
+            ["sh", "-c", command_lines()[0]],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return time.monotonic() - start
+
+    def start(self, timeout: float = 240) -> CeleryStack:
+        """The components of :func:`command_lines` (all but the migration), each in the
+        background with its own log, in one shell that leads a process group of its own
+        (ended by ``timeout`` should pytest die before :meth:`stop`)."""
+        parts = [
+            f"{line} > {shlex.quote(str(self.log_file(name)))} 2>&1 &"
+            for name, line in zip(self.components, command_lines()[1:], strict=True)
+        ]
+        self._proc = subprocess.Popen(
+            [
+                "timeout",
+                "-k",
+                "10",
+                str(self.max_lifetime_s),
+                "sh",
+                "-c",
+                f"{' '.join(parts)} wait",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.wait_for(self._api_answers, timeout, "the api-server to answer")
+        return self
+
+    def forget_queue(self) -> None:
+        """Remove the run's queue and kombu's keys for it from Redis (other stacks' keys
+        stay: every key removed holds the run's random queue name)."""
+        import redis
+
+        client = redis.Redis.from_url(self.broker_url, socket_timeout=5)
+        try:
+            keys = list(client.scan_iter(match=f"*{self.queue}*"))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
