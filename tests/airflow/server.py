@@ -163,16 +163,8 @@ class AirflowServer:
     def stop(self, grace_s: float = 5) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        pgid = proc.pid  # start_new_session: it leads its own group
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            proc.poll()
-            time.sleep(0.2)
-        _signal_group(pgid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        if proc is not None:
+            end_session(proc, grace_s)
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of each component's log, for failure messages."""
@@ -297,6 +289,21 @@ class AirflowServer:
         return "\n".join(parts)
 
 
+def job_pids(module: str, run_id: str) -> list[int]:
+    """Pids of ``python -m <module> ... --set run_id=<run_id>`` processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if b"-m" in argv and module.encode() in argv and f"run_id={run_id}".encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
 def task_states(tis: Iterable[dict[str, Any]]) -> dict[str, str]:
     """``{task_id: state}`` of unmapped tasks, ``{task_id[i]: state}`` of mapped ones."""
     return {
@@ -311,6 +318,19 @@ def _log_line(event: Any) -> str:
         return str(event)
     errors = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in event.get("error_detail") or ()]
     return " | ".join([str(event.get("event", "")), *errors])
+
+
+def end_session(proc: subprocess.Popen, grace_s: float = 5) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session``),
+    SIGKILL what is left after ``grace_s``."""
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        proc.poll()
+        time.sleep(0.2)
+    _signal_group(pgid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

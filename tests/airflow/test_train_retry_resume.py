@@ -18,24 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.server import REFRESH, AirflowServer, task_states
+from tests.airflow.server import REFRESH, AirflowServer, job_pids, task_states
 
 pytestmark = pytest.mark.slow
-
-
-def job_pids(module: str, run_id: str) -> list[int]:
-    """Pids of ``python -m <module> ... --set run_id=<run_id>`` processes."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone meanwhile
-        if b"-m" in argv and module.encode() in argv and f"run_id={run_id}".encode() in argv:
-            found.append(int(entry.name))
-    return found
 
 
 def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(

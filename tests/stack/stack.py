@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import signal
 import socket
 import subprocess
 import time
@@ -20,12 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.server import AirflowServer, free_port
+from tests.airflow.server import AirflowServer, end_session, free_port
 from tests.conftest import ROOT
 from tests.stack import settings
 
 HOST = "127.0.0.1"
 WORKERS = ("worker-a", "worker-b")
+#: Seconds without a heartbeat after which the scheduler fails a task instance whose
+#: worker is gone (``[scheduler] task_instance_heartbeat_timeout``; Airflow's default,
+#: 300 s, is what production keeps). Task runners heartbeat every 5 s.
+HEARTBEAT_TIMEOUT_S = 30
 
 
 # --- the services the machine must run --------------------------------------------------
@@ -174,12 +179,17 @@ class CeleryStack(AirflowServer):
             **stack_env(database_url(database), self.broker_url, s3_endpoint),
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": self.queue,
             "EMBEDFRESH_QUEUE": self.queue,
+            # A worker killed in a test is found lost in seconds, not 5 minutes.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             **{port_var(worker): str(free_port()) for worker in WORKERS},
             # The workers' hostname_callable (tests/stack/worker_name.py) is imported
             # from the checkout.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         super().__init__(home, artifact_root, components=stack_commands(), extra_env=extra)
+        #: Workers started again after a kill, each in a session of its own.
+        self._restarted: list[subprocess.Popen[bytes]] = []
 
     def migrate(self, timeout: float = 600) -> float:
         """``airflow db migrate`` (the first of :func:`command_lines`) on the fresh
@@ -223,6 +233,87 @@ class CeleryStack(AirflowServer):
         )
         self.wait_for(self._api_answers, timeout, "the api-server to answer")
         return self
+
+    # --- a worker lost, and brought back -------------------------------------------------
+
+    def worker_pids(self, worker: str) -> list[int]:
+        """Every process of ``worker``, as a lost host takes every process on it: the
+        Celery worker and its pool, the task supervisors and runners, and the jobs they
+        started. Found from the processes that still show the worker's variable in
+        ``/proc/<pid>/environ`` or its Celery node name in their title (process titles
+        overwrite the environment's memory), and all their descendants."""
+        mark = f"EMBEDFRESH_TEST_WORKER={worker}".encode()
+        node = f"{worker}@".encode()
+        children: dict[int, list[int]] = {}
+        roots = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            pid, ppid = int(entry.name), int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(pid)
+            # (The shells that start the workers name every worker: never a root.)
+            shell = cmdline.split(b"\0")[0] in (b"sh", b"timeout")
+            if mark in environ or (node in cmdline and b"celery" in cmdline and not shell):
+                roots.append(pid)
+        found: set[int] = set()
+        while roots:
+            pid = roots.pop()
+            if pid not in found:
+                found.add(pid)
+                roots += children.get(pid, [])
+        return sorted(found)
+
+    def kill_worker(self, worker: str, timeout: float = 30) -> int:
+        """SIGKILL every process of ``worker`` until none is left (a pool child forked
+        meanwhile is killed too); how many there were."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while pids := self.worker_pids(worker):
+            assert time.monotonic() < deadline, f"{worker} still has processes {pids}"
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed.update(pids)
+            time.sleep(0.2)
+        return len(killed)
+
+    def start_worker(self, worker: str) -> None:
+        """``worker`` started again with its line of :func:`command_lines` (a new host
+        taking the lost one's place), ended by :meth:`stop`."""
+        line = dict(zip(self.components, command_lines()[1:], strict=True))[worker]
+        log = shlex.quote(str(self.home / f"{worker}.restarted.log"))
+        self._restarted.append(
+            subprocess.Popen(
+                [
+                    "timeout",
+                    "-k",
+                    "10",
+                    str(self.max_lifetime_s),
+                    "sh",
+                    "-c",
+                    f"{line} > {log} 2>&1",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+
+    def stop(self, grace_s: float = 5) -> None:
+        super().stop(grace_s)
+        while self._restarted:
+            end_session(self._restarted.pop(), grace_s)
 
     def forget_queue(self) -> None:
         """Remove the run's queue and kombu's keys for it from Redis (other stacks' keys

@@ -9,6 +9,8 @@ service; under ``CI=true`` they fail.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import random
 import re
 import subprocess
@@ -17,9 +19,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
-from tests.airflow.server import REFRESH, free_port, task_states
+from embedfresh.core import layout
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.checkpoint import WEIGHTS
+from tests.airflow.server import REFRESH, free_port, job_pids, task_states
 from tests.conftest import DATA, ROOT, job_env
 from tests.stack import settings
 from tests.stack.stack import (
@@ -54,10 +60,11 @@ def write_demo_store(root: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CeleryStack]:
-    """The stack with the demo store as its default artifact root, the refresh DAG
-    parsed and unpaused (the scheduler's run of yesterday marked failed: the test
-    triggers its own)."""
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[CeleryStack]:
+    """The stack with the demo store as its default artifact root and moto's S3 server
+    as its ``aws_default`` endpoint (every component has its ``AWS_*`` variables), the
+    refresh DAG parsed and unpaused (the scheduler's run of yesterday marked failed: the
+    tests trigger their own)."""
     require_services()
     started = time.monotonic()
     root = f"file://{tmp_path_factory.mktemp('stack-artifacts')}"
@@ -71,7 +78,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CeleryStack]:
             root,
             database,
             redis_db=random.randint(1, 15),
-            s3_endpoint=f"http://127.0.0.1:{free_port()}",
+            s3_endpoint=s3_endpoint,
         )
         server.timings = {"migrate_s": server.migrate()}
         try:
@@ -95,22 +102,41 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CeleryStack]:
         drop_database(database)
 
 
-@pytest.mark.slow
-def test_refresh_runs_on_postgres_and_two_celery_workers(stack: CeleryStack):
+#: The refresh's settings, the same for every run here: 6 epochs of 32 steps, checkpoints
+#: at steps 50, 100 and 150 (a kill after the first leaves 142 steps to go, never a race
+#: with the end). On the tests' 1,024 training rows the sixth epoch overfits: log-loss
+#: against the random-init baseline turns INCONCLUSIVE, so the gate decides on the others.
+CONF = {"epochs": 6, "day": "2026-01-01", "gate_metrics": ["accuracy", "auc", "recall_at_10"]}
+
+
+def weights_sha(store: ArtifactStore, version: str) -> str:
+    return hashlib.sha256(
+        store.read_bytes(f"{layout.model_version('tiny', version)}/{WEIGHTS}")
+    ).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stack: CeleryStack) -> dict:
+    """The refresh on the demo store (``file://``), nothing killed: its task instances and
+    the trained weights' sha256, the reference a lost worker's run must equal."""
     root = stack.env["EMBEDFRESH_ARTIFACT_ROOT"]
     run_id = "celery-stack"
     started = time.monotonic()
-    stack.trigger(
-        REFRESH,
-        run_id,
-        "2026-01-02T00:00:00Z",
-        {"artifact_root": root, "epochs": 3, "day": "2026-01-01"},
-    )
+    stack.trigger(REFRESH, run_id, "2026-01-02T00:00:00Z", {"artifact_root": root, **CONF})
     run = stack.wait_for_run(REFRESH, run_id, timeout=900)
-    run_s = time.monotonic() - started
-    tis = stack.task_instances(REFRESH, run_id)
     assert run["state"] == "success", stack.explain(REFRESH, run_id)
+    return {
+        "run_id": run_id,
+        "root": root,
+        "seconds": time.monotonic() - started,
+        "tis": stack.task_instances(REFRESH, run_id),
+        "weights_sha": weights_sha(ArtifactStore(root), run_id),
+    }
 
+
+@pytest.mark.slow
+def test_refresh_runs_on_postgres_and_two_celery_workers(stack: CeleryStack, uninterrupted: dict):
+    tis = uninterrupted["tis"]
     # Every task of the DAG ran and succeeded, embed once per corpus shard.
     states = task_states(tis)
     dag_tasks = {t["task_id"] for t in stack.api("GET", f"/dags/{REFRESH}/tasks")["tasks"]}
@@ -126,12 +152,128 @@ def test_refresh_runs_on_postgres_and_two_celery_workers(stack: CeleryStack):
     embed_hosts = {ti["hostname"] for ti in tis if ti["task_id"] == "embed"}
     assert embed_hosts == set(WORKERS), [(ti["map_index"], ti["hostname"]) for ti in tis]
     print(
-        f"\nstack timings: {stack.timings}, refresh run {run_s:.0f} s; "
+        f"\nstack timings: {stack.timings}, refresh run {uninterrupted['seconds']:.0f} s; "
         f"hosts {sorted((k, ti['hostname']) for k, ti in zip(states, tis, strict=True))}"
     )
 
-    registry = Path(root.removeprefix("file://")) / "models/tiny/registry.json"
-    assert run_id in registry.read_text()
+    registry = Path(uninterrupted["root"].removeprefix("file://")) / "models/tiny/registry.json"
+    assert uninterrupted["run_id"] in registry.read_text()
+
+
+def worker_of(pid: int) -> str:
+    """The stack worker a process belongs to (its ``EMBEDFRESH_TEST_WORKER``)."""
+    for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
+        if item.startswith(b"EMBEDFRESH_TEST_WORKER="):
+            return item.split(b"=", 1)[1].decode()
+    raise AssertionError(f"process {pid} belongs to no stack worker")
+
+
+def tries(stack: CeleryStack, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:
+    path = f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/{task_id}"
+    path += f"/{map_index}/tries" if map_index >= 0 else "/tries"
+    return sorted(stack.api("GET", path)["task_instances"], key=lambda t: t["try_number"])
+
+
+@pytest.mark.slow
+def test_a_lost_worker_on_s3_train_resumes_bit_exact_and_embed_loses_no_shard(
+    stack: CeleryStack, uninterrupted: dict, s3_endpoint: str
+):
+    """The refresh with its artifact root on S3 (moto's server), a worker lost twice:
+
+    1. every process of the worker that runs ``train`` (Celery worker, pool, task runner,
+       job) SIGKILLed after the first committed checkpoint: the scheduler finds the task
+       without a heartbeat, its retry runs on the other worker and resumes from that
+       checkpoint, and the weights are sha256-equal to the uninterrupted run's;
+    2. the lost worker comes back, and the worker that runs the first ``embed`` job is
+       SIGKILLed: its retry runs on the surviving worker, and the embeddings hold every
+       corpus id exactly once.
+    """
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    bucket, prefix, run_id = "celery-stack", "prod", "lost-worker"
+    s3.create_bucket(Bucket=bucket)
+    root = f"s3://{bucket}/{prefix}"
+    write_demo_store(root)
+    store = ArtifactStore(root)
+    # Another logical date than the first run's (one run per date); the same day's data.
+    stack.trigger(REFRESH, run_id, "2026-01-03T00:00:00Z", {"artifact_root": root, **CONF})
+
+    # 1. The worker running train is lost after its first checkpoint.
+    checkpoints = f"{prefix}/{layout.checkpoints('tiny', run_id)}/"
+
+    def committed() -> list[str]:
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=checkpoints).get("Contents", [])
+        return sorted(o["Key"] for o in listed if o["Key"].endswith("/COMMIT"))
+
+    first = stack.wait_for(committed, 300, "a committed checkpoint", every=0.1)[0]
+    (pid,) = job_pids("embedfresh.jobs.train", run_id)
+    lost = worker_of(pid)
+    assert stack.kill_worker(lost) >= 4  # worker, pool child, task runner, job at least
+    killed_at = int(first.split("/")[-2].removeprefix("step-"))
+    assert not store.exists(layout.report("tiny", run_id, "train")), "train ended before the kill"
+    survivor = next(w for w in WORKERS if w != lost)
+
+    def retry_started() -> dict | None:
+        found = tries(stack, run_id, "train")
+        return (
+            found[-1] if len(found) == 2 and found[-1]["state"] in ("running", "success") else None
+        )
+
+    retry = stack.wait_for(retry_started, 240, "train's retry to start")
+    assert retry["hostname"] == survivor
+    stack.start_worker(lost)  # a new host in the lost one's place
+
+    # 2. The worker running the first embed job is lost.
+    embed_pids = stack.wait_for(
+        lambda: job_pids("embedfresh.jobs.embed", run_id), 600, "an embed job", 0.1
+    )
+    lost_embed = worker_of(embed_pids[0])
+    stack.kill_worker(lost_embed)
+
+    run = stack.wait_for_run(REFRESH, run_id, timeout=900)
+    assert run["state"] == "success", stack.explain(REFRESH, run_id)
+
+    train_tries = tries(stack, run_id, "train")
+    assert [t["hostname"] for t in train_tries] == [lost, survivor]
+    assert train_tries[0]["state"] != "success" and train_tries[1]["state"] == "success"
+    train = store.read_json(layout.report("tiny", run_id, "train"))
+    assert train["resumed_from"]["step"] == killed_at, train["resumed_from"]
+    assert train["steps"] == 192
+    assert weights_sha(store, run_id) == uninterrupted["weights_sha"]
+
+    embed_tries = [
+        tries(stack, run_id, "embed", i)
+        for i in range(DATA["corpus_rows"] // DATA["corpus_shard_rows"])
+    ]
+    retried = [t for t in embed_tries if len(t) == 2]
+    assert len(retried) == 1, [
+        [(x["try_number"], x["hostname"], x["state"]) for x in t] for t in embed_tries
+    ]
+    assert retried[0][0]["hostname"] == lost_embed and retried[0][1]["hostname"] != lost_embed
+    assert retried[0][1]["state"] == "success"
+
+    # No shard lost, none duplicated: the parts hold every corpus id once.
+    out = layout.embeddings("tiny", run_id, "products")
+    manifest = store.read_json(f"{out}/_MANIFEST.json")
+    assert manifest["rows"] == DATA["corpus_rows"]
+    ids = [
+        i
+        for name in sorted(n for n in store.listdir(out) if n.endswith(".parquet"))
+        for i in pq.read_table(io.BytesIO(store.read_bytes(f"{out}/{name}")), columns=["id"])[
+            "id"
+        ].to_pylist()
+    ]
+    corpus = layout.corpus("products")
+    corpus_ids = [
+        i
+        for name in sorted(n for n in store.listdir(corpus) if n.endswith(".parquet"))
+        for i in pq.read_table(io.BytesIO(store.read_bytes(f"{corpus}/{name}")), columns=["id"])[
+            "id"
+        ].to_pylist()
+    ]
+    assert len(ids) == len(set(ids)) == DATA["corpus_rows"]
+    assert sorted(ids) == sorted(corpus_ids)
 
 
 # --- the services probe, cheaply --------------------------------------------------------
