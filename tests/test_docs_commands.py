@@ -194,9 +194,12 @@ BLOCKS = shell_blocks()
 
 def _rewrite(command: str, tmp_path: Path, bindir: Path) -> str:
     """The command as it runs here: the venv's bin, absolute paths under ``tmp_path``."""
-    command = re.sub(r"(?<![\w./$-])\.venv/bin/", f"{bindir}/", command)
-    # /tmp/x, file:///tmp/x (not a/tmp/x, ~/tmp/x or $HOME/tmp/x)
-    return re.sub(r"(^|[\s=:'\"]|file://)/(tmp|data)/", rf"\1{tmp_path}/\2/", command, flags=re.M)
+    # /tmp/x, file:///tmp/x (not a/tmp/x, ~/tmp/x or $HOME/tmp/x); before the venv's
+    # bin goes in, which may itself live under /tmp (a checkout there).
+    command = re.sub(
+        r"(^|[\s=:'\"]|file://)/(tmp|data)/", rf"\1{tmp_path}/\2/", command, flags=re.M
+    )
+    return re.sub(r"(?<![\w./$-])\.venv/bin/", f"{bindir}/", command)
 
 
 def _script(block: Block, tmp_path: Path, logs: Path, bindir: Path) -> str:
