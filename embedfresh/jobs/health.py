@@ -12,6 +12,7 @@ written; the error line names the failing checks.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ log = logging.getLogger("embedfresh.jobs.health")
 
 def health(cfg: HealthConfig) -> dict[str, Any]:
     """Check devices, tensor arithmetic and collectives; write ``reports/health.json``."""
+    started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
     report_rel = layout.report(cfg.model, cfg.run_id, "health")
     name = resolve_name(cfg.backend)
@@ -46,12 +48,16 @@ def health(cfg: HealthConfig) -> dict[str, Any]:
         message = f"health check failed: device_count (no {name} device visible)"
         if rank == 0:  # the other ranks cannot reach rank 0 without a device group
             entry = _rank_entry(DistContext(), None, [_missing_device(name)], tool_checks)
-            message = _failure_message(_finish(cfg, store, report_rel, name, 1, [entry], [], []))
+            message = _failure_message(
+                _finish(cfg, store, report_rel, name, 1, [entry], [], [], started)
+            )
         raise UnhealthyError(message)
 
     ctx = collectives.init(backend, cfg.dist_timeout_s, one_rank_group=cfg.collectives)
     try:
-        return _check_and_report(cfg, store, report_rel, backend, ctx, tool_checks, tool_output)
+        return _check_and_report(
+            cfg, store, report_rel, backend, ctx, tool_checks, tool_output, started
+        )
     finally:
         ctx.close()
 
@@ -64,6 +70,7 @@ def _check_and_report(
     ctx: DistContext,
     tool_checks: list[report.Check],
     tool_output: dict[str, Any],
+    started: float,
 ) -> dict[str, Any]:
     checks = [report.guarded("device_count", lambda: tensor_checks.check_devices(
         backend, cfg.expected_devices))]  # fmt: skip
@@ -110,7 +117,7 @@ def _check_and_report(
             )
         job_checks.insert(0, _world_size_check(ctx.world_size, cfg.expected_world_size))
         result = _finish(
-            cfg, store, report_rel, backend.name, ctx.world_size, entries, coll, job_checks
+            cfg, store, report_rel, backend.name, ctx.world_size, entries, coll, job_checks, started
         )
     try:
         result = ctx.broadcast(result)
@@ -179,8 +186,10 @@ def _finish(
     entries: list[dict[str, Any]],
     coll: list[dict[str, Any]],
     job_checks: list[report.Check],
+    started: float,
 ) -> dict[str, Any]:
-    """Build and write the report (rank 0); returns the summary every rank gets."""
+    """Build and write the report (rank 0); returns the summary every rank gets. Its
+    ``wall_seconds`` is the job's own clock, from its start to this write."""
     tools = [
         {"rank": e["rank"], "host": e["host"], **(e.pop("neuron_tools", None) or {})}
         for e in entries
@@ -200,6 +209,7 @@ def _finish(
             "tensor_rtol": cfg.rtol(backend),
             "collectives_trivial": world_size == 1,
             "bandwidth_unit": "GB/s = 1e9 bytes/s (nccom-test figures: GiB/s)",
+            "wall_seconds": round(time.perf_counter() - started, 3),
         },
     )
     for e in entries:
