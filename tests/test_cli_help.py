@@ -52,6 +52,7 @@ OWN_PARSER = {
         "(default: 1000)",
     ],
     "launch": ["--nproc-per-node", "--nnodes"],  # torchrun's own arguments
+    "forkserver": ["--socket", "--idle-s"],
     "index_runs": ["--root URL", "$EMBEDFRESH_ARTIFACT_ROOT", "--model NAME", "(default: tiny)"],
 }
 

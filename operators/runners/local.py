@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.runners import forkserver
 from embedfresh.operators.runners.base import JobResult
 
 #: Environment every local job gets unless the worker or the spec says otherwise.
@@ -49,7 +50,7 @@ class LocalRunner:
         self.kill_grace_s = kill_grace_s
         self.tail_lines = tail_lines
         self.cwd = cwd
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | forkserver.ForkedJob | None = None
         self._running = False
 
     def command(self, spec: JobSpec) -> list[str]:
@@ -76,15 +77,7 @@ class LocalRunner:
     ) -> JobResult:
         """Run any command the way :meth:`run` runs a job (the seam the tests use)."""
         log.info("Running: %s", shlex.join(argv))
-        self._proc = proc = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=self.environment(env),
-            cwd=self.cwd,
-            start_new_session=True,
-        )
+        self._proc = proc = self._start(argv, self.environment(env), log)
         self._running = True
         last_stdout = ""
         stderr_tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
@@ -101,9 +94,36 @@ class LocalRunner:
             exit_code = proc.wait()
         finally:
             self._running = False
+        if isinstance(proc, forkserver.ForkedJob) and proc.server_lost:
+            log.error(
+                "The fork server ended before the job (pid %s): its exit code is unknown", proc.pid
+            )
         log.info("Job exited with code %s (pid %s)", exit_code, proc.pid)
         return JobResult(
             exit_code=exit_code, summary=_parse_summary(last_stdout), tail="\n".join(stderr_tail)
+        )
+
+    def _start(
+        self, argv: Sequence[str], env: dict[str, str], log: logging.Logger
+    ) -> subprocess.Popen[bytes] | forkserver.ForkedJob:
+        """The job in a session of its own: forked from the fork server, which has torch
+        imported already, when it can run the command; else a fresh interpreter."""
+        if forkserver.enabled(env) and forkserver.module_command(argv, self.python):
+            try:
+                job = forkserver.start(argv, env, self.cwd)
+            except forkserver.ForkServerUnavailable as e:
+                log.warning("Fork server unavailable (%s): the job starts a fresh interpreter", e)
+            else:
+                log.info("Job forked by the fork server (pid %s): its imports were done", job.pid)
+                return job
+        return subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
         )
 
     def kill(self) -> None:
@@ -146,7 +166,7 @@ def _signal_tree(pgid: int, tree: list[psutil.Process], sig: signal.Signals) -> 
             pass
 
 
-def _lines(proc: subprocess.Popen[bytes]) -> Iterator[tuple[str, str]]:
+def _lines(proc: subprocess.Popen[bytes] | forkserver.ForkedJob) -> Iterator[tuple[str, str]]:
     """Yield ``(stream name, line)`` from the job's stdout and stderr until both close."""
     assert proc.stdout is not None and proc.stderr is not None
     pending = {"stdout": b"", "stderr": b""}

@@ -296,7 +296,8 @@ def job_pids(module: str, run_id: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            # A job forked by the fork server shows its command as its title, one string.
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").split()
         except OSError:
             continue  # gone meanwhile
         if b"-m" in argv and module.encode() in argv and f"run_id={run_id}".encode() in argv:

@@ -58,6 +58,12 @@ def test_sigkilled_training_resumes_from_its_checkpoint_on_retry(
     states = {t["try_number"]: t["state"] for t in tries["task_instances"]}
     assert states[1] != "success" and states[2] == "success", states
 
+    # Both tries' jobs were forked by the fork server (the fast start): the kill, the
+    # retry and the resume hold with it.
+    for try_number in (1, 2):
+        log = server.task_log(REFRESH, run_id, "train", try_number)
+        assert "Job forked by the fork server" in log, log[-2000:]
+
     train = json.loads(report.read_text())
     assert train["data_interval"] == ["2026-01-01", "2026-01-02"]
     assert train["resumed_from"]["step"] == killed_at_step

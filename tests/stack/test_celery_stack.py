@@ -161,11 +161,15 @@ def test_refresh_runs_on_postgres_and_two_celery_workers(stack: CeleryStack, uni
 
 
 def worker_of(pid: int) -> str:
-    """The stack worker a process belongs to (its ``EMBEDFRESH_TEST_WORKER``)."""
-    for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
-        if item.startswith(b"EMBEDFRESH_TEST_WORKER="):
-            return item.split(b"=", 1)[1].decode()
-    raise AssertionError(f"process {pid} belongs to no stack worker")
+    """The stack worker a process belongs to: the ``EMBEDFRESH_TEST_WORKER`` of it or of
+    its nearest ancestor that still shows its environment (a job forked by the fork
+    server shows its command as its title, over the environment's memory)."""
+    while pid > 1:
+        for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
+            if item.startswith(b"EMBEDFRESH_TEST_WORKER="):
+                return item.split(b"=", 1)[1].decode()
+        pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("the process belongs to no stack worker")
 
 
 def tries(stack: CeleryStack, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:

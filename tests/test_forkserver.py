@@ -1,0 +1,209 @@
+"""The local runner's fast start: jobs forked from a server with torch imported
+(``embedfresh/jobs/forkserver.py``, ``operators/runners/forkserver.py``).
+
+A forked job must be what ``python -m`` would have started (argv, environment, working
+directory, ``sys.path[0]``, a session of its own, exit code, streams), only started
+from a process that has its imports done; a crash or a kill of the job never reaches
+the server; a changed file or variable gets another server, never a stale one; and a
+server that cannot start leaves the job to a fresh interpreter, said in the log.
+
+Every test starts its own servers (a variable private to the test is part of their
+key) and ends them at its end. The job is ``tests/forkserver_job.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from embedfresh.operators.runners import forkserver
+from embedfresh.operators.runners.local import LocalRunner
+from tests.conftest import ROOT, job_env
+
+JOB = [sys.executable, "-m", "tests.forkserver_job"]
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The job's environment, with a variable of this test's own (so its servers are its
+    own); the test job's module is forkable; every server of the test ended after it."""
+    monkeypatch.setattr(forkserver, "FORKABLE", ("embedfresh.jobs.", "tests.forkserver_job"))
+    env = job_env({"FORK_TEST_KEY": secrets.token_hex(8)})
+    env.pop(forkserver.ENV_SWITCH, None)
+    yield env
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            environ = proc.info["environ"] or {}
+        except psutil.Error:
+            continue
+        if (
+            forkserver.SERVER_MODULE in cmdline
+            and environ.get("FORK_TEST_KEY") == env["FORK_TEST_KEY"]
+        ):
+            proc.kill()
+
+
+def run(
+    argv: list[str], env: dict[str, str], cwd: Path = ROOT, **extra: str
+) -> tuple[int, list[str], dict | None]:
+    """The job through the local runner: its exit code, the log lines, its summary."""
+    handler = Lines()
+    log = logging.getLogger(f"forkserver-test-{secrets.token_hex(4)}")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    runner = LocalRunner(cwd=str(cwd))
+    result = runner.run_command(argv, {**env, **extra}, log)
+    return result.exit_code, handler.lines, result.summary
+
+
+def server_of(facts: dict) -> psutil.Process:
+    return psutil.Process(facts["parent"])
+
+
+def test_a_forked_job_is_what_python_m_would_start_with_its_imports_done(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    argv = [*JOB, "describe", "an argument with spaces", "--set", "x=1"]
+    code, lines, forked = run(argv, env, FORK_TEST_VARIABLE="forked", FORK_TEST_EXIT="3")
+    assert code == 3
+    assert any("forked by the fork server" in line for line in lines), lines
+    assert {"from the job", "to stderr"} <= set(lines)
+
+    spawned_env = {**env, forkserver.ENV_SWITCH: "0"}
+    code, lines, spawned = run(argv, spawned_env, FORK_TEST_VARIABLE="forked", FORK_TEST_EXIT="3")
+    assert code == 3 and not any("fork server" in line for line in lines)
+
+    same = ("argv", "name", "cwd", "path0", "variable", "session_leader")
+    assert {k: forked[k] for k in same} == {k: spawned[k] for k in same}
+    assert forked["argv"] == ["describe", "an argument with spaces", "--set", "x=1"]
+    assert forked["name"] == "__main__" and forked["session_leader"] is True
+    assert forked["path0"] == str(ROOT)
+    # The difference: torch was imported before the forked job's first line ran, and
+    # its parent is the fork server, not the runner.
+    assert forked["torch_before"] is True and spawned["torch_before"] is False
+    assert forkserver.SERVER_MODULE in server_of(forked).cmdline()
+    # It forks holding no thread but its own (one BLAS thread, as job_env sets).
+    assert server_of(forked).num_threads() == 1
+    assert spawned["parent"] == os.getpid()
+
+
+def test_the_next_job_reuses_the_server_and_its_working_directory_is_its_own(
+    env: dict[str, str], tmp_path: Path
+):
+    _, _, first = run([*JOB, "describe"], env)
+    _, _, second = run([*JOB, "describe"], env)
+    assert first["parent"] == second["parent"] and first["pid"] != second["pid"]
+    # Another working directory is another server (``-m`` resolves modules from it).
+    other = tmp_path / "checkout"
+    shutil.copytree(ROOT / "tests", other / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    _, _, moved = run([*JOB, "describe"], env, cwd=other)
+    assert moved["cwd"] == str(other) and moved["path0"] == str(other)
+    assert moved["parent"] != first["parent"]
+
+
+def test_a_crashing_job_never_takes_the_server_down(env: dict[str, str]):
+    _, _, before = run([*JOB, "describe"], env)
+    code, lines, _ = run([*JOB, "crash"], env)
+    assert code == -signal.SIGSEGV, lines
+    _, _, after = run([*JOB, "describe"], env)
+    assert after["parent"] == before["parent"]
+    assert server_of(after).is_running()
+
+
+def test_kill_ends_the_forked_job_and_its_children_and_the_server_stays(
+    env: dict[str, str], tmp_path: Path
+):
+    pids_file = tmp_path / "pids.json"
+    runner = LocalRunner(cwd=str(ROOT), kill_grace_s=2)
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            runner.run_command([*JOB, "grandchild", str(pids_file)], env, logging.getLogger("k"))
+        ),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (pids_file.exists() and pids_file.read_text()):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.02)
+    job, grandchild = json.loads(pids_file.read_text())
+    server = psutil.Process(psutil.Process(job).ppid())
+    assert forkserver.SERVER_MODULE in server.cmdline()  # forked, not spawned
+    runner.kill()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert results[0].exit_code == -signal.SIGTERM
+    for pid in (job, grandchild):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert server.is_running()
+    after = runner.run_command([*JOB, "describe"], env, logging.getLogger("k"))
+    assert after.exit_code == 0 and after.summary["parent"] == server.pid
+
+
+def test_the_key_follows_the_code_and_the_environment_but_not_airflows_per_task_variables(
+    tmp_path: Path,
+):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        ROOT / "embedfresh", checkout / "embedfresh", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    cwd = str(checkout)
+    env = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
+    key = forkserver.server_key(env, cwd)
+    assert forkserver.server_key(env, cwd) == key
+    # Airflow's own variables differ per task and are never read by the data plane.
+    task = {
+        **env,
+        "AIRFLOW_CTX_DAG_RUN_ID": "r2",
+        "_AIRFLOW__STARTUP_MSG": "{}",
+        "__AIRFLOW_SUPERVISOR_FD": "12",
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+    }
+    assert forkserver.server_key(task, cwd) == key
+    assert forkserver.server_key({**env, "OMP_NUM_THREADS": "2"}, cwd) != key
+    assert forkserver.server_key({**env, "HEALTH_FAULT": "matmul"}, cwd) != key
+    source = checkout / "embedfresh/ml/training/loop.py"
+    source.write_text(source.read_text() + "\n# changed\n")
+    assert forkserver.server_key(env, cwd) != key
+
+
+def test_a_server_that_cannot_start_leaves_the_job_to_a_fresh_interpreter(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(forkserver, "SERVER_MODULE", "embedfresh.jobs.no_such_server")
+    code, lines, facts = run([*JOB, "describe"], env)
+    assert code == 0 and facts["torch_before"] is False
+    assert any("Fork server unavailable" in line and "fresh interpreter" in line for line in lines)
+
+
+def test_only_the_projects_jobs_under_this_interpreter_are_forked():
+    python = sys.executable
+    assert forkserver.module_command([python, "-m", "embedfresh.jobs.train"], python)
+    assert not forkserver.module_command([python, "-m", "embedfresh.jobs.launch"], python)
+    assert not forkserver.module_command([python, "-c", "pass"], python)
+    assert not forkserver.module_command(["/opt/py", "-m", "embedfresh.jobs.train"], "/opt/py")
+    assert not forkserver.enabled({forkserver.ENV_SWITCH: "0"})
+    assert forkserver.enabled({})
