@@ -28,6 +28,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,59 @@ def start_costs(repeats: int, env: dict[str, str]) -> dict[str, dict[str, Any]]:
     }
 
 
+#: A DAG of bare PythonOperator tasks: what a task costs Airflow itself on this box.
+BARE_DAG = """
+import datetime as dt
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG
+
+with DAG("bench_bare_task", schedule=None, start_date=dt.datetime(2026, 1, 1)) as dag:
+    tasks = [PythonOperator(task_id=f"bare_{i}", python_callable=lambda: None) for i in range(3)]
+    tasks[0] >> tasks[1] >> tasks[2]
+"""
+
+#: The variants of one bench run: the local runner's fork server off (every job a fresh
+#: interpreter) and on (jobs forked from a server with torch imported; cold: the run's
+#: first job starts it).
+VARIANTS = {"fresh interpreter": "0", "fork server": "1"}
+
+
+def dag_test(
+    env: dict[str, str], root: str, folder: Path, dag_id: str, epochs: int
+) -> tuple[dict, float]:
+    """One ``dag.test()`` in a fresh interpreter: the facts it prints, its wall time."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", DAG_TEST, root, str(folder), dag_id, str(epochs)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"dag.test() of {dag_id} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    if facts["state"] != "success":
+        sys.exit(f"the {dag_id} run ended {facts['state']}: {facts['tasks']}")
+    facts["spawned"] = time.time() - wall
+    return facts, wall
+
+
+def per_task(facts: dict, walls: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per task id: instances, summed task durations, summed job walls."""
+    tasks: dict[str, dict[str, Any]] = {}
+    for task_id, _, _, t_start, t_end in facts["tasks"]:
+        t = tasks.setdefault(task_id, {"n": 0, "task_s": 0.0, "job_s": 0.0, "reports": 0})
+        t["n"] += 1
+        t["task_s"] += t_end - t_start
+    for report, wall in walls.items():
+        t = tasks.setdefault(task_of(report), {"n": 0, "task_s": 0.0, "job_s": 0.0, "reports": 0})
+        t["job_s"] += wall
+        t["reports"] += 1
+    return tasks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-rows", type=int, default=1024, help="rows per day")
@@ -177,93 +231,100 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
+    runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        artifacts, home = Path(tmp) / "artifacts", Path(tmp) / "airflow-home"
-        root = f"file://{artifacts}"
-        generate_data(root, DAY, args.train_rows, args.eval_rows, args.corpus_rows, args.shard_rows)
-        home.mkdir()
-        env = bench_env(
-            args.threads,
-            {
-                "AIRFLOW_HOME": str(home),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-                "EMBEDFRESH_ARTIFACT_ROOT": root,
-            },
+        template, home0 = Path(tmp) / "data", Path(tmp) / "airflow-home"
+        generate_data(
+            f"file://{template}",
+            DAY,
+            args.train_rows,
+            args.eval_rows,
+            args.corpus_rows,
+            args.shard_rows,
         )
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        bare_dags = Path(tmp) / "bare-dags"
+        bare_dags.mkdir()
+        (bare_dags / "bare.py").write_text(BARE_DAG)
+        home0.mkdir()
+
+        def env_for(home: Path, root: str, switch: str) -> dict[str, str]:
+            env = bench_env(
+                args.threads,
+                {
+                    "AIRFLOW_HOME": str(home),
+                    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+                    "EMBEDFRESH_ARTIFACT_ROOT": root,
+                    "EMBEDFRESH_FORK_SERVER": switch,
+                },
+            )
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            return env
+
         t0 = time.perf_counter()
         subprocess.run(
-            [AIRFLOW, "db", "migrate"], env=env, cwd=ROOT, check=True, capture_output=True
-        )
+            [AIRFLOW, "db", "migrate"], env=env_for(home0, "file:///unused", "0"), cwd=ROOT,
+            check=True, capture_output=True,
+        )  # fmt: skip
         migrate_s = time.perf_counter() - t0
 
-        spawned = time.time()
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-c", DAG_TEST, root, str(ROOT / "dags"), DAG_ID, str(args.epochs)],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        demo_s = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"dag.test() failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-        facts = json.loads(proc.stdout.strip().splitlines()[-1])
-        if facts["state"] != "success":
-            sys.exit(f"the DAG run ended {facts['state']}: {facts['tasks']}")
-        walls = job_walls(artifacts / "runs" / "tiny" / facts["run_id"] / "reports")
-    starts = start_costs(args.starts, env)
+        for i, (variant, switch) in enumerate([*VARIANTS.items(), ("bare", "0")]):
+            home = Path(tmp) / f"home-{i}"
+            shutil.copytree(home0, home)
+            artifacts = Path(tmp) / f"artifacts-{i}"
+            shutil.copytree(template, artifacts)
+            root = f"file://{artifacts}"
+            env = env_for(home, root, switch)
+            if variant == "bare":
+                env["AIRFLOW__CORE__DAGS_FOLDER"] = str(bare_dags)  # dag.test() serializes it
+                facts, _ = dag_test(env, root, bare_dags, "bench_bare_task", args.epochs)
+                runs[variant] = {"facts": facts}
+                continue
+            facts, demo_s = dag_test(env, root, ROOT / "dags", DAG_ID, args.epochs)
+            walls = job_walls(artifacts / "runs" / "tiny" / facts["run_id"] / "reports")
+            runs[variant] = {"facts": facts, "demo_s": demo_s, "tasks": per_task(facts, walls)}
+        starts = start_costs(args.starts, env_for(home0, "file:///unused", "0"))
 
-    # Per task id: instances, summed task durations, summed job walls.
-    tasks: dict[str, dict[str, Any]] = {}
-    for task_id, _, _, t_start, t_end in facts["tasks"]:
-        t = tasks.setdefault(task_id, {"n": 0, "task_s": 0.0, "job_s": 0.0, "reports": 0})
-        t["n"] += 1
-        t["task_s"] += t_end - t_start
-    for report, wall in walls.items():
-        t = tasks.setdefault(task_of(report), {"n": 0, "task_s": 0.0, "job_s": 0.0, "reports": 0})
-        t["job_s"] += wall
-        t["reports"] += 1
-    jobs_s = sum(t["job_s"] for t in tasks.values())
-    tasks_s = sum(t["task_s"] for t in tasks.values())
-    n_tasks = sum(t["n"] for t in tasks.values())
-    startup_s = facts["parsed"] - spawned
-    test_s = facts["tested"] - facts["parsed"]
-    overhead = demo_s - jobs_s
+    bare_task_s = median([t_end - t_start for *_, t_start, t_end in runs["bare"]["facts"]["tasks"]])
     start_med = {k: median(v["seconds"]) for k, v in starts.items()}
-    subprocess_tasks = sum(t["n"] for k, t in tasks.items() if k in TASK_MODULES)
-    job_imports = sum(
-        start_med[f"import {TASK_MODULES[k]} ({k})"] * t["n"]
-        for k, t in tasks.items()
-        if k in TASK_MODULES
-    )
-
-    order = sorted(tasks, key=lambda k: min(x[3] for x in facts["tasks"] if x[0] == k))
-    task_rows = [
-        [
-            k,
-            tasks[k]["n"],
-            f"{tasks[k]['task_s']:.1f}",
-            f"{tasks[k]['job_s']:.1f}" if tasks[k]["reports"] else "-",
-            f"{tasks[k]['task_s'] - tasks[k]['job_s']:.1f}",
+    split_rows, task_rows, bullets_runs = [], {}, []
+    for variant in VARIANTS:
+        run, facts = runs[variant], runs[variant]["facts"]
+        tasks, demo_s = run["tasks"], run["demo_s"]
+        jobs_s = sum(t["job_s"] for t in tasks.values())
+        tasks_s = sum(t["task_s"] for t in tasks.values())
+        n_tasks = sum(t["n"] for t in tasks.values())
+        startup_s = facts["parsed"] - facts["spawned"]
+        test_s = facts["tested"] - facts["parsed"]
+        overhead = demo_s - jobs_s
+        # Outside its job's clock, per task instance of a task that runs a job.
+        outside = [
+            (t["task_s"] - t["job_s"]) / t["n"] for k, t in tasks.items() if k in TASK_MODULES
         ]
-        for k in order
-    ]
-    task_rows.append(
-        ["**all**", n_tasks, f"{tasks_s:.1f}", f"{jobs_s:.1f}", f"{tasks_s - jobs_s:.1f}"]
-    )
-    split_rows = [
-        ["demo wall time (dag.test() interpreter, spawn to exit)", f"{demo_s:.1f}", "100%"],
-        ["jobs' own wall time (sum of report wall_seconds)", f"{jobs_s:.1f}", f"{jobs_s / demo_s:.0%}"],
-        ["**overhead** (demo - jobs)", f"{overhead:.1f}", f"{overhead / demo_s:.0%}"],
-        ["- Airflow start-up: interpreter, imports, DagBag parse", f"{startup_s:.1f}", f"{startup_s / demo_s:.0%}"],
-        ["- dag.test() outside task instances (scheduling loop, DB)", f"{test_s - tasks_s:.1f}", f"{(test_s - tasks_s) / demo_s:.0%}"],
-        ["- inside task instances, outside the jobs' clocks", f"{tasks_s - jobs_s:.1f}", f"{(tasks_s - jobs_s) / demo_s:.0%}"],
-        ["- after dag.test(): reading the DB back, exit", f"{demo_s - (facts['tested'] - spawned):.1f}", f"{(demo_s - (facts['tested'] - spawned)) / demo_s:.0%}"],
-    ]  # fmt: skip
+        run.update(overhead=overhead / demo_s, outside=median(outside))
+        split_rows += [
+            [variant, "demo wall time (dag.test() interpreter, spawn to exit)", f"{demo_s:.1f}", "100%"],
+            [variant, "jobs' own wall time (sum of report wall_seconds)", f"{jobs_s:.1f}", f"{jobs_s / demo_s:.0%}"],
+            [variant, "**overhead** (demo - jobs)", f"{overhead:.1f}", f"{overhead / demo_s:.0%}"],
+            [variant, "- Airflow start-up: interpreter, imports, DagBag parse", f"{startup_s:.1f}", f"{startup_s / demo_s:.0%}"],
+            [variant, "- dag.test() outside task instances (scheduling loop, DB)", f"{test_s - tasks_s:.1f}", f"{(test_s - tasks_s) / demo_s:.0%}"],
+            [variant, "- inside task instances, outside the jobs' clocks", f"{tasks_s - jobs_s:.1f}", f"{(tasks_s - jobs_s) / demo_s:.0%}"],
+        ]  # fmt: skip
+        for k in sorted(tasks, key=lambda k: min(x[3] for x in facts["tasks"] if x[0] == k)):
+            t = tasks[k]
+            row = task_rows.setdefault(k, [k, t["n"]])
+            row += [
+                f"{t['task_s']:.1f}",
+                f"{t['job_s']:.1f}" if t["reports"] else "-",
+                f"{t['task_s'] - t['job_s']:.1f}",
+            ]
+        bullets_runs.append(
+            f"{variant}: run {facts['run_id']}, {n_tasks} task instances, all successful; "
+            f"overhead {overhead / demo_s:.0%} of {demo_s:.1f} s; a job's task instance spends "
+            f"{median(outside):.2f} s outside its job's clock (median over the tasks that run a job)"
+        )
+    fork, fresh = runs["fork server"], runs["fresh interpreter"]
     start_rows = [
         [
             k,
@@ -273,33 +334,44 @@ def main() -> None:
         ]
         for k, v in starts.items()
     ]
-    verdict = "met" if overhead / demo_s <= TARGET else "missed"
     bullets = [
         f"Command: `{command_line()}`",
         f"Machine: {machine()}; jobs run with OMP_NUM_THREADS={args.threads}",
         f"Date: {dt.datetime.now(dt.UTC).isoformat(timespec='minutes')}; {NOISY}",
-        f"One `dag.test()` of `{DAG_ID}` (run {facts['run_id']}, one daily interval, tiny, "
-        f"cpu, {args.epochs} epochs of {args.train_rows} rows, {args.corpus_rows}-row corpus "
-        f"in {args.shard_rows}-row shards): {n_tasks} task instances, all successful",
+        f"Each variant: one `dag.test()` of `{DAG_ID}` (one daily interval, tiny, cpu, "
+        f"{args.epochs} epochs of {args.train_rows} rows, {args.corpus_rows}-row corpus in "
+        f"{args.shard_rows}-row shards) in a fresh interpreter, its own copy of the data and "
+        "of a migrated AIRFLOW_HOME, one after the other in this run",
+        *bullets_runs,
+        f"A bare `PythonOperator` task (`bench_bare_task`, 3 tasks of `lambda: None`, "
+        f"`dag.test()` on the same Airflow): {bare_task_s:.2f} s median task instance",
+        f"Goal: a job's task outside its job's clock <= a bare task + 1 s "
+        f"({bare_task_s + 1:.2f} s): {'met' if fork['outside'] <= bare_task_s + 1 else 'missed'} "
+        f"with the fork server ({fork['outside']:.2f} s; fresh interpreter "
+        f"{fresh['outside']:.2f} s)",
+        f"Goal: demo overhead <= 25%: {'met' if fork['overhead'] <= 0.25 else 'missed'} "
+        f"({fork['overhead']:.0%} with the fork server, {fresh['overhead']:.0%} without; "
+        f"{TARGET:.0%} was the earlier target)",
         f"`airflow db migrate` (SQLite, apart: once per demo home): {migrate_s:.1f} s",
-        f"Target: overhead <= {TARGET:.0%} of the demo's wall time: {verdict} "
-        f"({overhead / demo_s:.0%})",
-        f"Every job subprocess pays a fresh interpreter and its imports before its own "
-        f"clock starts: summed over the {subprocess_tasks} job subprocesses, the job "
-        f"modules' imports alone (medians below) come to ~{job_imports:.0f} s of the "
-        f"{tasks_s - jobs_s:.0f} s spent in task instances outside the jobs' clocks",
-        "Tasks whose report has no job-level wall time (health: per-check seconds only) "
-        "or that write none (promote, list_shards, verify) count as all overhead",
+        "Tasks whose job writes no report (promote, verify) or runs in the worker "
+        "(list_shards) count as all overhead",
         f"Wall time of the whole benchmark: {time.perf_counter() - started:.0f} s",
     ]
+    variants = list(VARIANTS)
     body = [
-        table(["where the demo's time goes", "s", "share"], split_rows),
-        table(["task", "instances", "task s", "job s", "task - job s"], task_rows),
+        table(["variant", "where the demo's time goes", "s", "share"], split_rows),
+        table(
+            ["task", "instances"]
+            + [f"{h} ({v})" for v in variants for h in ("task s", "job s", "task - job s")],
+            list(task_rows.values()),
+        ),
         f"Start costs in a fresh interpreter, {args.starts} interleaved repeats:",
         table(["fresh interpreter runs", "median s", "pulls torch", "repeats"], start_rows),
     ]
     publish(
-        section("Pipeline overhead: demo DAG run vs its jobs", bullets, body),
+        section(
+            "Pipeline overhead: demo DAG run vs its jobs, fork server off and on", bullets, body
+        ),
         None if args.no_append else BENCHMARKS,
     )
 
