@@ -10,6 +10,7 @@ found by name through the registry (:mod:`embedfresh.ml.backends`).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 
-class Backend:
+class Backend(abc.ABC):
     """An accelerator as the loops see it: one device, this process's rank, and the
     hooks the loops call. The defaults are eager PyTorch on ``device``.
 
@@ -35,6 +36,7 @@ class Backend:
         self.world_size = 1
 
     @classmethod
+    @abc.abstractmethod
     def create(cls, name: str) -> Backend:
         """A ready backend called ``name`` (a name it is registered under): its device
         chosen, its process group joined. :func:`embedfresh.ml.backends.get_backend`
@@ -42,7 +44,6 @@ class Backend:
 
         :raises BadInputError: the device ``name`` needs is not usable here.
         """
-        raise NotImplementedError(f"{cls.__name__} does not say how to build backend {name!r}")
 
     @property
     def is_main(self) -> bool:
@@ -117,7 +118,7 @@ class Backend:
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
-    def mark_step(self) -> None:
+    def mark_step(self) -> None:  # noqa: B027 - a hook eager devices leave empty
         """End of a traced step; nothing to do in eager mode."""
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -142,10 +143,10 @@ class Backend:
         """The device's own RNG state when it has one apart from torch's (None here)."""
         return None
 
-    def set_device_rng_state(self, state: Any) -> None:
+    def set_device_rng_state(self, state: Any) -> None:  # noqa: B027 - a hook eager devices leave empty
         """Restore what :meth:`device_rng_state` returned; nothing to do in eager mode."""
 
-    def seed(self, seed: int) -> None:
+    def seed(self, seed: int) -> None:  # noqa: B027 - a hook eager devices leave empty
         """Seed the device's own RNG (torch.manual_seed covers eager devices)."""
 
     def metadata(self) -> dict[str, Any]:
