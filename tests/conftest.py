@@ -46,6 +46,27 @@ def run_job(
     )
 
 
+def write_demo_store(root: str) -> None:
+    """The demo store at the tests' small sizes, written as a user writes it:
+    ``python -m embedfresh.jobs.generate_data`` in a process of its own."""
+    sizes = {
+        "--train-rows": DATA["train_rows"],
+        "--eval-rows": DATA["eval_rows"],
+        "--corpus-rows": DATA["corpus_rows"],
+        "--corpus-shard-rows": DATA["corpus_shard_rows"],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
+        + [str(x) for kv in sizes.items() for x in kv],
+        cwd=ROOT,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def write_data(root: str, seed: int = 0) -> None:
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.data.generate import write_dataset

@@ -21,6 +21,7 @@ fast start off (every job a fresh interpreter, as before).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -258,7 +259,14 @@ def _request(
     try:
         body = json.dumps({"argv": list(args), "env": dict(env), "cwd": cwd}).encode() + b"\n"
         conn.sendmsg(
-            [body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_fds(devnull, out_w, err_w)))]
+            [body],
+            [
+                (
+                    socket.SOL_SOCKET,
+                    socket.SCM_RIGHTS,
+                    array.array("i", (devnull, out_w, err_w)).tobytes(),
+                )
+            ],
         )
         conn.settimeout(30)
         answer = b""
@@ -280,9 +288,3 @@ def _request(
     job = ForkedJob(conn, pid, os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", 0))
     job.take(rest)  # the exit line, when the job ended before the pid line was read
     return job
-
-
-def _fds(*fds: int) -> bytes:
-    import array
-
-    return array.array("i", fds).tobytes()

@@ -4,15 +4,13 @@ refresh DAG parsed and unpaused through the REST API."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.airflow.server import REFRESH, AirflowServer
-from tests.conftest import DATA, ROOT, job_env
+from tests.conftest import write_demo_store
 
 
 @pytest.fixture(scope="session")
@@ -59,20 +57,5 @@ def demo_store(refresh_dag: AirflowServer) -> AirflowServer:
     (whatever an earlier test left there is removed first)."""
     root = refresh_dag.env["EMBEDFRESH_ARTIFACT_ROOT"]
     shutil.rmtree(Path(root.removeprefix("file://")), ignore_errors=True)
-    sizes = {
-        "--train-rows": DATA["train_rows"],
-        "--eval-rows": DATA["eval_rows"],
-        "--corpus-rows": DATA["corpus_rows"],
-        "--corpus-shard-rows": DATA["corpus_shard_rows"],
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
-        + [str(x) for kv in sizes.items() for x in kv],
-        cwd=ROOT,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    write_demo_store(root)
     return refresh_dag

@@ -135,15 +135,7 @@ class AirflowServer:
             f"{shlex.quote(AIRFLOW)} {part} > {shlex.quote(str(self.log_file(part)))} 2>&1 &"
             for part in self.components
         )
-        self._proc = subprocess.Popen(
-            ["timeout", "-k", "10", str(self.max_lifetime_s), "sh", "-c", f"{script} wait"],
-            cwd=ROOT,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._proc = start_session(f"{script} wait", self.env, self.max_lifetime_s)
         self.wait_for(self._api_answers, timeout, "the api-server to answer")
         return self
 
@@ -319,6 +311,20 @@ def _log_line(event: Any) -> str:
         return str(event)
     errors = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in event.get("error_detail") or ()]
     return " | ".join([str(event.get("event", "")), *errors])
+
+
+def start_session(script: str, env: dict[str, str], lifetime_s: float) -> subprocess.Popen:
+    """``sh -c script`` leading a session (and process group) of its own, in the
+    checkout, ended by ``timeout`` after ``lifetime_s`` should the tests die first."""
+    return subprocess.Popen(
+        ["timeout", "-k", "10", str(lifetime_s), "sh", "-c", script],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def end_session(proc: subprocess.Popen, grace_s: float = 5) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.server import AirflowServer, end_session, free_port
+from tests.airflow.server import AirflowServer, end_session, free_port, start_session
 from tests.conftest import ROOT
 from tests.stack import settings
 
@@ -206,31 +206,19 @@ class CeleryStack(AirflowServer):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         return time.monotonic() - start
 
+    def component_lines(self) -> dict[str, str]:
+        """Each component's line of :func:`command_lines` (all but the migration)."""
+        return dict(zip(self.components, command_lines()[1:], strict=True))
+
     def start(self, timeout: float = 240) -> CeleryStack:
         """The components of :func:`command_lines` (all but the migration), each in the
         background with its own log, in one shell that leads a process group of its own
         (ended by ``timeout`` should pytest die before :meth:`stop`)."""
         parts = [
             f"{line} > {shlex.quote(str(self.log_file(name)))} 2>&1 &"
-            for name, line in zip(self.components, command_lines()[1:], strict=True)
+            for name, line in self.component_lines().items()
         ]
-        self._proc = subprocess.Popen(
-            [
-                "timeout",
-                "-k",
-                "10",
-                str(self.max_lifetime_s),
-                "sh",
-                "-c",
-                f"{' '.join(parts)} wait",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._proc = start_session(f"{' '.join(parts)} wait", self.env, self.max_lifetime_s)
         self.wait_for(self._api_answers, timeout, "the api-server to answer")
         return self
 
@@ -288,27 +276,9 @@ class CeleryStack(AirflowServer):
     def start_worker(self, worker: str) -> None:
         """``worker`` started again with its line of :func:`command_lines` (a new host
         taking the lost one's place), ended by :meth:`stop`."""
-        line = dict(zip(self.components, command_lines()[1:], strict=True))[worker]
+        line = self.component_lines()[worker]
         log = shlex.quote(str(self.home / f"{worker}.restarted.log"))
-        self._restarted.append(
-            subprocess.Popen(
-                [
-                    "timeout",
-                    "-k",
-                    "10",
-                    str(self.max_lifetime_s),
-                    "sh",
-                    "-c",
-                    f"{line} > {log} 2>&1",
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
+        self._restarted.append(start_session(f"{line} > {log} 2>&1", self.env, self.max_lifetime_s))
 
     def stop(self, grace_s: float = 5) -> None:
         super().stop(grace_s)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -26,7 +27,7 @@ from embedfresh.core import layout
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.checkpoint import WEIGHTS
 from tests.airflow.server import REFRESH, free_port, job_pids, task_states
-from tests.conftest import DATA, ROOT, job_env
+from tests.conftest import DATA, ROOT, job_env, write_demo_store
 from tests.stack import settings
 from tests.stack.stack import (
     WORKERS,
@@ -37,26 +38,6 @@ from tests.stack.stack import (
     require_services,
     stack_env,
 )
-
-
-def write_demo_store(root: str) -> None:
-    """The demo store at the tests' small sizes (as tests/airflow/conftest.py's demo_store)."""
-    sizes = {
-        "--train-rows": DATA["train_rows"],
-        "--eval-rows": DATA["eval_rows"],
-        "--corpus-rows": DATA["corpus_rows"],
-        "--corpus-shard-rows": DATA["corpus_shard_rows"],
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
-        + [str(x) for kv in sizes.items() for x in kv],
-        cwd=ROOT,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +145,11 @@ def worker_of(pid: int) -> str:
     """The stack worker a process belongs to: the ``EMBEDFRESH_TEST_WORKER`` of it or of
     its nearest ancestor that still shows its environment (a job forked by the fork
     server shows its command as its title, over the environment's memory)."""
-    while pid > 1:
-        for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
-            if item.startswith(b"EMBEDFRESH_TEST_WORKER="):
-                return item.split(b"=", 1)[1].decode()
-        pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    raise AssertionError("the process belongs to no stack worker")
+    for proc in [psutil.Process(pid), *psutil.Process(pid).parents()]:
+        worker = proc.environ().get("EMBEDFRESH_TEST_WORKER")
+        if worker:
+            return worker
+    raise AssertionError(f"process {pid} belongs to no stack worker")
 
 
 def tries(stack: CeleryStack, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:
