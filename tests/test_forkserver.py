@@ -62,7 +62,11 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
             forkserver.SERVER_MODULE in cmdline
             and environ.get("FORK_TEST_KEY") == env["FORK_TEST_KEY"]
         ):
-            proc.kill()
+            proc.terminate()  # an idle server ends on SIGTERM and removes its socket
+            try:
+                proc.wait(10)
+            except psutil.TimeoutExpired:
+                proc.kill()
 
 
 def run(
@@ -207,3 +211,72 @@ def test_only_the_projects_jobs_under_this_interpreter_are_forked():
     assert not forkserver.module_command(["/opt/py", "-m", "embedfresh.jobs.train"], "/opt/py")
     assert not forkserver.enabled({forkserver.ENV_SWITCH: "0"})
     assert forkserver.enabled({})
+
+
+def test_a_teams_own_model_embeds_byte_equal_forked_and_fresh_and_a_killed_run_finishes(
+    env: dict[str, str], tmp_path: Path
+):
+    """As a team runs it: its own model (own tokenizer, 384 tokens), long texts in eight
+    scripts with string ids, published and embedded through the local runner with the fork
+    server off and on; the forked embed is SIGKILLed after its first shard commits and a
+    plain re-run finishes the rest. The parts are byte-equal to the fresh interpreter's."""
+    import hashlib
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from embedfresh.core import layout
+    from embedfresh.core.storage import ArtifactStore
+    from tests.own_model import CORPUS, build_own_model
+
+    model_dir = build_own_model(tmp_path / "acme-model")
+    texts = [" ".join(CORPUS[i % 8 :] + CORPUS[: i % 8]) * (1 + i % 6) for i in range(120)]
+    ids = [f"acme-{hashlib.md5(f'{i}{t}'.encode()).hexdigest()[:12]}" for i, t in enumerate(texts)]
+    out = layout.embeddings("acme", "base", "catalogue")
+    parts: dict[str, dict[str, str]] = {}
+    for switch in ("0", "1"):
+        root = f"file://{tmp_path / f'store-{switch}'}"
+        store = ArtifactStore(root)
+        for s in range(4):
+            sink = io.BytesIO()
+            rows = slice(s * 30, (s + 1) * 30)
+            pq.write_table(pa.table({"id": ids[rows], "text": texts[rows]}), sink)
+            store.write_bytes(
+                f"{layout.corpus('catalogue')}/{layout.part_name(s)}", sink.getvalue()
+            )
+        job = {**env, forkserver.ENV_SWITCH: switch}
+        common = ["--set", f"artifact_root={root}", "--set", "model=acme"]
+        publish = [sys.executable, "-m", "embedfresh.jobs.publish_model", *common]
+        code, lines, _ = run([*publish, "--set", f"source={model_dir}"], job)
+        assert code == 0, lines[-5:]
+        embed = [sys.executable, "-m", "embedfresh.jobs.embed", *common]
+        embed += ["--set", "version=base", "--set", "corpus=catalogue", "--set", "run_id=manual"]
+        if switch == "1":
+            runner = LocalRunner(cwd=str(ROOT))
+            thread = threading.Thread(
+                target=runner.run_command, args=(embed, job, logging.getLogger("kill")), daemon=True
+            )
+            thread.start()
+            first = Path(root.removeprefix("file://")) / out / "part-00000.COMMIT"
+            deadline = time.monotonic() + 120
+            while not first.exists():
+                assert time.monotonic() < deadline, "the first shard never committed"
+                time.sleep(0.005)
+            assert isinstance(runner._proc, forkserver.ForkedJob)
+            os.killpg(runner._proc.pid, signal.SIGKILL)
+            thread.join(30)
+        code, lines, summary = run(embed, job)
+        assert code == 0, lines[-5:]
+        if switch == "1":
+            assert 0 in summary["shards_skipped"] and summary["shards_done"], summary
+        names = sorted(n for n in store.listdir(out) if n.endswith(".parquet"))
+        parts[switch] = {
+            n: hashlib.sha256(store.read_bytes(f"{out}/{n}")).hexdigest() for n in names
+        }
+        table = pa.concat_tables(
+            pq.read_table(io.BytesIO(store.read_bytes(f"{out}/{n}"))) for n in names
+        )
+        assert table.schema.field("id").type == pa.string()
+        assert sorted(table["id"].to_pylist()) == sorted(ids)
+    assert len(parts["1"]) == 4 and parts["0"] == parts["1"]
