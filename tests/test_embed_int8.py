@@ -1,5 +1,6 @@
-"""``quantize=int8``: the embed job publishes int8 embeddings only after the parity gate
-(recall@10 on the eval split, int8 vs fp32) passes; otherwise exit 3 and nothing committed."""
+"""``quantize=int8``: the embed job publishes int8 embeddings only after the int8 quality
+gate (recall@10 on the eval split, int8 not worse than fp32 by more than 0.1%, one-sided at
+95%) passes; otherwise exit 3 and nothing committed."""
 
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ def _assert_nothing_committed(store: ArtifactStore) -> None:
 
 def _check_matches_verdict(store: ArtifactStore, rc: int, err: str) -> dict:
     report = store.read_json(REPORT)
-    parity = report["parity"]
-    assert parity["metric"] == "recall_at_10" and parity["gate"]["mode"] == "parity"
-    assert parity["gate"]["tolerance"] == 0.001 and parity["n_queries"] > 0
-    if parity["verdict"] == "PASS":
+    verdict = report["int8_gate"]
+    assert verdict["metric"] == "recall_at_10" and verdict["gate"]["mode"] == "no_regression"
+    assert verdict["gate"]["tolerance"] == 0.001 and verdict["n_queries"] > 0
+    assert verdict["gate"]["confidence"] == 0.90  # its lower bound: one-sided 95%
+    if verdict["verdict"] == "PASS":
         assert rc == 0 and report["status"] == "ok" and report["quantize"] == "int8"
         assert sorted(n for n in store.listdir(OUT) if n.endswith(".COMMIT")) == [
             f"part-0000{i}.COMMIT" for i in range(3)
@@ -53,17 +55,85 @@ def _check_matches_verdict(store: ArtifactStore, rc: int, err: str) -> dict:
             assert store.read_json(f"{OUT}/part-0000{i}.COMMIT")["quantize"] == "int8"
     else:
         assert rc == 3, err
-        assert "refused by the parity gate" in err and parity["verdict"] in err
+        assert "refused by the int8 quality gate" in err and verdict["verdict"] in err
         assert report["status"] == "refused" and report["shards_done"] == []
         _assert_nothing_committed(store)
-    return parity
+    return verdict
 
 
-def test_int8_embed_obeys_its_parity_verdict(root: str, capsys: pytest.CaptureFixture) -> None:
+def test_int8_embed_obeys_its_gate_verdict(root: str, capsys: pytest.CaptureFixture) -> None:
     store = _publish(root)
     rc = _run(root)
-    parity = _check_matches_verdict(store, rc, capsys.readouterr().err)
-    print("tiny int8 parity:", parity["verdict"], parity["recall_at_10_int8"])
+    verdict = _check_matches_verdict(store, rc, capsys.readouterr().err)
+    print("tiny int8 gate:", verdict["verdict"], verdict["recall_at_10_int8"])
+
+
+def test_a_version_whose_int8_loses_recall_is_refused(
+    root: str, capsys: pytest.CaptureFixture
+) -> None:
+    """A real damaged version, no forced verdict: every encoder weight matrix gets one large
+    input column (2.0 beside weights of about 0.02), so each output channel's int8 scale is
+    set by that one weight. Calibration smooths those columns (plain int8 lost 16% of
+    recall@10 on this version, measured), but int8 still ranks worse than fp32 (about -2%)
+    and the gate cannot show it is not worse than -0.1%: the job refuses and writes
+    nothing."""
+    store = ArtifactStore(root)
+    spec = get_spec("tiny")
+    weights = cpu_state_dict(versions.build_model(spec, 0))
+    planted = [k for k, v in weights.items() if "encoder.layer" in k and v.ndim == 2]
+    for key in planted:
+        weights[key][:, 0] = 2.0
+    assert len(planted) == 6 * spec.encoder.num_hidden_layers
+    versions.publish(store, spec, "v1", weights, {})
+
+    rc = _run(root)
+    err = capsys.readouterr().err
+    verdict = _check_matches_verdict(store, rc, err)
+    assert verdict["verdict"] in ("FAIL", "INCONCLUSIVE"), verdict["gate"]["reason"]
+    assert verdict["gate"]["metrics"][0]["d"] < -0.01
+    assert verdict["recall_at_10_int8"] < verdict["recall_at_10_fp32"]
+    # What calibration did, in the report: the planted columns were smoothed.
+    layers = verdict["quantization"]["layers"]
+    assert len(layers) == len(planted) and verdict["quantization"]["calibration_tokens"] > 0
+    assert sum(entry["alpha"] > 0 for entry in layers) >= len(layers) // 2, layers
+
+
+def test_calibration_smooths_activation_outliers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a model whose layer-0 inputs carry one outlier channel (the embeddings'
+    LayerNorm scales channel 3 by 40), calibration smooths those layers and the int8
+    model lands at least twice as close to fp32 as plain int8. A layer whose error stays
+    over the limit is kept in fp32: with the limit at 0 every layer is, and the output is
+    fp32's exactly."""
+    import torch
+
+    from embedfresh.ml.backends import get_backend
+
+    cpu = get_backend("cpu")
+    model = versions.build_model(get_spec("tiny"), 0).eval()
+    with torch.no_grad():
+        model.encoder.embeddings.LayerNorm.weight[3] = 40.0
+    calibration = [[101, *range(1000, 1000 + n), 102] for n in range(8, 60)]
+    plain, plain_info = int8_mod.quantize_int8(model, cpu)
+    smooth, info = int8_mod.quantize_int8(model, cpu, calibration)
+    layers = {entry["layer"]: entry for entry in info["layers"]}
+    for name in ("query", "key", "value"):
+        entry = layers[f"encoder.layer.0.attention.self.{name}"]
+        assert entry["dtype"] == "int8" and entry["alpha"] > 0, entry
+    assert info["fp32_layers"] == [] and info["calibration_tokens"] > 0
+    assert plain_info["calibration_tokens"] == 0 and plain_info["fp32_layers"] == []
+    ids = torch.tensor([calibration[-1]])
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        reference = model.embed(ids, mask)
+        far = (plain.embed(ids, mask) - reference).norm()
+        near = (smooth.embed(ids, mask) - reference).norm()
+    assert near < far / 2, (float(near), float(far))
+
+    monkeypatch.setattr(int8_mod, "MAX_LAYER_ERROR", 0.0)
+    kept, kept_info = int8_mod.quantize_int8(model, cpu, calibration)
+    assert kept_info["fp32_layers"] == list(layers) and kept_info["int8_layers"] == 0
+    with torch.inference_mode():
+        assert torch.equal(kept.embed(ids, mask), reference)
 
 
 @pytest.mark.parametrize("verdict", [Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE])
@@ -84,7 +154,7 @@ def test_each_verdict_is_obeyed(
     report_path = REPORT.replace("embed.json", "embed-0-2.json")
     err = capsys.readouterr().err
     report = store.read_json(report_path)
-    assert report["parity"]["verdict"] == verdict
+    assert report["int8_gate"]["verdict"] == verdict
     if verdict is Verdict.PASS:
         assert rc == 0 and report["shards_done"] == [0, 1, 2]
         out = store.read_json(f"{OUT}/part-00000.COMMIT")
@@ -103,7 +173,7 @@ def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
     version = versions.load(store, "tiny", "v1")
     model = versions.instantiate(version).eval()
     backend = get_backend("cpu")
-    q = int8_mod.quantize_int8(model, backend)
+    q, _ = int8_mod.quantize_int8(model, backend)
     tok = VariableTokenizer(version.tokenizer_json, 32)
     texts = ["wireless headphones", "usb-c cable 2m", "Das ist ein schöner Tag", "x " * 50]
     a = embed_texts(model, backend, tok, texts, (16, 32), 512, 64)
@@ -127,4 +197,4 @@ def test_int8_config_is_validated() -> None:
     with pytest.raises(Exception, match="quantize"):
         EmbedConfig(version="v1", quantize="int4")
     assert EmbedConfig(version="v1").quantize == "none"
-    assert Mode.PARITY == "parity"
+    assert Mode.NO_REGRESSION == "no_regression"

@@ -34,6 +34,7 @@ import logging
 import os
 import queue
 import resource
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -272,10 +273,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     model.eval()
     packed = uses_packed(model, backend, cfg.packed)
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
-    parity = None
+    int8_gate = None
     if cfg.quantize == "int8":
-        model, parity = _int8_or_refuse(cfg, store, model, backend, tokenizer, lengths, todo)
-        if parity is not None and parity["verdict"] != "PASS":
+        first = f"{corpus_dir}/{available[todo[0]]}" if todo else None
+        model, int8_gate = _int8_or_refuse(
+            cfg, store, model, backend, tokenizer, lengths, first, prompt
+        )
+        if int8_gate is not None and int8_gate["verdict"] != "PASS":
             store.write_json(
                 report_rel,
                 {
@@ -285,7 +289,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                     "version": cfg.version,
                     "corpus": cfg.corpus,
                     "quantize": cfg.quantize,
-                    "parity": parity,
+                    "int8_gate": int8_gate,
                     "shards_requested": wanted,
                     "shards_done": [],
                     "shards_skipped": skipped,
@@ -293,11 +297,17 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                 },
             )
             raise GateRefusedError(
-                f"int8 embeddings refused by the parity gate ({parity['verdict']}): "
-                f"{parity['gate']['reason']}; recall@10 int8 {parity['recall_at_10_int8']} vs "
-                f"fp32 {parity['recall_at_10_fp32']} on {parity['n_queries']} eval queries. "
-                f"Nothing was written to {store.url(out_dir)}; embed with quantize=none "
-                f"(report: {store.url(report_rel)})"
+                f"int8 embeddings refused by the int8 quality gate ({int8_gate['verdict']}): "
+                f"{int8_gate['gate']['reason']}; recall@10 int8 "
+                f"{int8_gate['recall_at_10_int8']} vs fp32 {int8_gate['recall_at_10_fp32']} "
+                f"on {int8_gate['n_queries']} eval queries of dataset {cfg.dataset!r}. "
+                f"Nothing was written to {store.url(out_dir)}; embed with quantize=none"
+                + (
+                    ", or give the gate an eval split as large as it asks for (dataset=...)"
+                    if int8_gate["verdict"] == "INCONCLUSIVE"
+                    else ""
+                )
+                + f" (report: {store.url(report_rel)})"
             )
     if todo and store.exists(f"{out_dir}/{MANIFEST}"):
         log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, _ranges(todo))
@@ -420,7 +430,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
         "compiles": backend.compiles(),
         "quantize": cfg.quantize,
-        "parity": parity,
+        "int8_gate": int8_gate,
         **backend.metadata(),
     }
     store.write_json(report_rel, report)
@@ -616,8 +626,23 @@ def _ranges(indices: list[int]) -> str:
 
 def _peak_rss_mib() -> float:
     """This process's peak RSS so far: what a memory request must cover. It does not
-    grow with the corpus (shards are streamed), only with the shard size."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    grow with the corpus (shards are streamed), only with the shard size.
+
+    On Linux it is ``VmHWM`` of ``/proc/self/status``, the high-water mark of this
+    process's own address space. ``ru_maxrss`` is not: exec carries the parent's
+    high-water mark into it, so a job started by an 800 MiB process (a test runner, an
+    Airflow worker) reads at least 800 MiB whatever it uses (measured 2026-11-27: 813
+    against 13 MiB for the same child). A job forked from the fork server starts with
+    the server's pages mapped and counts them either way."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024  # bytes / KiB
 
 
 def _shard_holding(
@@ -636,6 +661,11 @@ def _shard_holding(
     return "?"
 
 
+CALIBRATION_TEXTS = 512
+"""Texts of the first shard read to calibrate int8 (at most
+:data:`embedfresh.ml.embedding.int8.CALIBRATION_TOKENS` of their tokens are used)."""
+
+
 def _int8_or_refuse(
     cfg: EmbedConfig,
     store: ArtifactStore,
@@ -643,19 +673,23 @@ def _int8_or_refuse(
     backend: Any,
     tokenizer: VariableTokenizer,
     lengths: tuple[int, ...],
-    todo: list[int],
+    first_shard: str | None,
+    prompt: str,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """The int8 model and the parity gate's summary (None when no shard is left to embed,
-    so nothing would be published)."""
-    from embedfresh.ml.embedding.int8 import parity_gate, quantize_int8
+    """The int8 model, calibrated on the first texts of ``first_shard`` (the first shard
+    this task embeds), and the int8 quality gate's summary with what was done to each
+    layer (None when no shard is left to embed, so nothing would be published)."""
+    from embedfresh.ml.embedding.int8 import int8_gate, quantize_int8
 
-    int8 = quantize_int8(model, backend)
-    if not todo:
-        return int8, None
-    _, summary = parity_gate(
+    if first_shard is None:
+        return quantize_int8(model, backend)[0], None
+    _, texts = read_corpus_shard(store, first_shard)
+    calibration, _ = tokenizer([prompt + t for t in texts[:CALIBRATION_TEXTS]])
+    int8, layers = quantize_int8(model, backend, calibration)
+    _, summary = int8_gate(
         store, cfg.dataset, model, int8, backend, tokenizer, lengths, cfg.token_budget
     )
-    return int8, summary
+    return int8, {**summary, "quantization": layers}
 
 
 if __name__ == "__main__":

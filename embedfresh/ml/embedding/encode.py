@@ -1,7 +1,7 @@
 """Texts to unit vectors in memory: length bucketing (:mod:`embedfresh.ml.embedding.bucketing`)
 and the model's ``embed``, or on eager CPU/CUDA its unpadded twin
-(:mod:`embedfresh.ml.embedding.packed`). The embed job runs it per corpus shard; the int8 parity gate
-and ``bench/embeddings.py`` run it on plain lists of texts, without the store."""
+(:mod:`embedfresh.ml.embedding.packed`). The embed job runs it per corpus shard; the int8
+quality gate and ``bench/embeddings.py`` run it on plain lists of texts, without the store."""
 
 from __future__ import annotations
 
