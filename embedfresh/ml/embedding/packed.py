@@ -9,9 +9,11 @@ same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999
   ``[rows, heads, length, head_dim]`` shape for ``scaled_dot_product_attention`` and
   gathers the result back. Measured on the benchmark texts (1 thread, CPU time):
   1.15x, against 1.19x for no padding at all.
-- On CPU, fp32 linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``, GELU
-  fused) rather than to ``aten::linear``, which calls MKL's sgemm: on the AMD EPYC of
-  our 2-core machines MKL reaches ~100 GFLOP/s a core, oneDNN ~220 (AVX-512).
+- On AVX-512 CPUs, fp32 linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+  GELU fused) rather than to ``aten::linear``, which calls MKL's sgemm: on an AVX-512 AMD
+  EPYC MKL reaches ~100 GFLOP/s a core, oneDNN ~220. On AVX2-only CPUs both reach ~75-80
+  and MKL scales better to 2 threads (measured 2026-11-27, docs/BENCHMARKS.md): there the
+  layers stay on ``aten::linear`` and the gain is packing alone.
 
 Shapes vary with the number of real tokens: this is for eager CPU/CUDA, never for
 XLA/Neuron or compiled graphs (they take the padded, static-shape path). Quantised
@@ -20,11 +22,22 @@ XLA/Neuron or compiled graphs (they take the padded, static-shape path). Quantis
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from embedfresh.ml.model.encoder import BertEncoder, BertLayer
+
+
+@functools.cache
+def _onednn_is_faster() -> bool:
+    """oneDNN's fp32 GEMMs beat MKL's on AVX-512 CPUs (~2.2x a core on our AMD EPYC);
+    on AVX2-only CPUs MKL is as fast or faster (measured 2026-11-27 on an AVX2 EPYC:
+    5% less CPU time for the packed forward at 1 thread, 141 vs 115 GFLOP/s for a
+    512 x 384 x 1536 GEMM at 2 threads; docs/BENCHMARKS.md)."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _onednn(x: torch.Tensor) -> bool:
@@ -33,20 +46,25 @@ def _onednn(x: torch.Tensor) -> bool:
         and x.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and _onednn_is_faster()
     )
 
 
 CHUNK_ROWS = 512
-"""oneDNN JIT-compiles and caches a kernel per input shape (about 1 MiB each, up to 1024
-of them): fed one new row count per batch, the job's memory grew by ~5 MiB a shard.
-Rows go through in chunks of 512, the last one padded to a multiple of ``ROW_STEP``, so
-a model sees at most 8 shapes per layer kind. GEMMs of 512 rows run as fast as of
-4,096 here (measured ~220 GFLOP/s a core either way)."""
+"""Rows go through the GEMMs in chunks of 512, the last one padded to a multiple of
+``ROW_STEP``, so a model sees at most 8 shapes per layer kind. oneDNN JIT-compiles and
+caches a kernel per input shape (about 1 MiB each, up to 1024 of them), and MKL keeps
+work buffers per shape: fed one new row count per batch, the job's peak memory grew by
+~5 MiB a shard either way (oneDNN 2026-11-22; MKL 2026-11-27, +46 MiB over 20 shards of
+the tiny model). GEMMs of 512 rows run as fast as of 4,096 (~220 GFLOP/s a core on
+oneDNN with AVX-512)."""
 ROW_STEP = 64
 
 
-def _onednn_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
-    attr, algorithm = ("gelu", "none") if gelu else ("none", "")
+def _chunked_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
+    onednn = _onednn(x)
+    if onednn:
+        attr, algorithm = ("gelu", "none") if gelu else ("none", "")
     out = x.new_empty(x.shape[0], layer.out_features)
     for start in range(0, x.shape[0], CHUNK_ROWS):
         part = x[start : start + CHUNK_ROWS]
@@ -54,15 +72,23 @@ def _onednn_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tenso
         pad = -n % ROW_STEP
         if pad:
             part = F.pad(part, (0, 0, 0, pad))
-        y = torch.ops.mkldnn._linear_pointwise(part, layer.weight, layer.bias, attr, [], algorithm)
+        if onednn:
+            y = torch.ops.mkldnn._linear_pointwise(
+                part, layer.weight, layer.bias, attr, [], algorithm
+            )
+        else:
+            y = F.linear(part, layer.weight, layer.bias)
+            if gelu:
+                y = F.gelu(y)
         out[start : start + n] = y[:n]
     return out
 
 
 def _linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
-    """``module(x)`` (then exact GELU), through oneDNN for a dense fp32 CPU layer."""
-    if type(module) is nn.Linear and _onednn(x):
-        return _onednn_linear(x, module, gelu)
+    """``module(x)`` (then exact GELU); a dense fp32 CPU layer in chunks of fixed shapes,
+    on oneDNN where that is faster (AVX-512) and on MKL elsewhere."""
+    if type(module) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32:
+        return _chunked_linear(x, module, gelu)
     out = module(x)
     return F.gelu(out) if gelu else out
 
