@@ -125,26 +125,45 @@ def median(values: Sequence[float]) -> float:
 
 
 class MatmulPeak:
-    """The practical fp32 peak of this machine with the current torch thread count:
-    GFLOP/s of an ``n x n`` matmul (``2 n^3`` FLOPs). Each call measures once (the
-    median of ``per_call`` products), so a bench can interleave it with what it
-    measures and set both side by side on a machine whose load drifts."""
+    """The practical matmul peak of this machine: GFLOP/s of an ``n x n`` matmul
+    (``2 n^3`` FLOPs) in ``dtype`` on ``device`` (fp32 on the CPU with the current torch
+    thread count by default; a GPU bench asks for bf16 on ``cuda``). Each call measures
+    once (the median of ``per_call`` products), so a bench can interleave it with what
+    it measures and set both side by side on a machine whose load drifts."""
 
-    def __init__(self, n: int = 2048, per_call: int = 3) -> None:
+    def __init__(
+        self, n: int = 2048, per_call: int = 3, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
         import torch  # noqa: PLC0415 - only where a bench runs
 
         self.n, self.per_call = n, per_call
-        self.a, self.b = torch.randn(n, n), torch.randn(n, n)
+        kind = getattr(torch, dtype)
+        self.a = torch.randn(n, n, device=device, dtype=kind)
+        self.b = torch.randn(n, n, device=device, dtype=kind)
         self.mm = torch.mm
-        self.mm(self.a, self.b)  # warm-up: thread pool and allocator
+        self.sync = device_sync(device)
+        self.mm(self.a, self.b)  # warm-up: thread pool, allocator, GPU kernels
+        self.sync()
 
     def __call__(self) -> float:
         rates = []
         for _ in range(self.per_call):
+            self.sync()
             started = time.perf_counter()
             self.mm(self.a, self.b)
+            self.sync()
             rates.append(2 * self.n**3 / (time.perf_counter() - started) / 1e9)
         return median(rates)
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A call that waits for the device's queued work (a no-op on the CPU), so wall
+    clocks around GPU work time the work and not its launch."""
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch  # noqa: PLC0415 - only where a bench runs
+
+    return torch.cuda.synchronize
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: int = 1) -> str:

@@ -50,12 +50,15 @@ def steady_steps_per_second(report: dict[str, Any]) -> float:
     return (steps - 1) / (loop_seconds - report["seconds_to_first_step"])
 
 
-def bench_model(root: str, model: str, steps: int, tmp: Path, env: dict[str, str]) -> dict:
+def bench_model(
+    root: str, model: str, steps: int, tmp: Path, env: dict[str, str], backend: str = "cpu"
+) -> dict:
     from embedfresh.core import layout
     from embedfresh.core.storage import ArtifactStore
 
     store = ArtifactStore(root)
     train = [f"artifact_root={root}", f"model={model}", f"data_interval_start={DAY}"]
+    train.append(f"backend={backend}")
     train += [f"max_steps={steps}", "init=base", f"checkpoint_every={steps + 1}"]
     out: dict[str, Any] = {"model": model}
 
@@ -66,6 +69,7 @@ def bench_model(root: str, model: str, steps: int, tmp: Path, env: dict[str, str
 
     cold_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"{model}-cold")}
     compile_sets = [f"artifact_root={root}", f"model={model}", f"run_id={model}-compile"]
+    compile_sets.append(f"backend={backend}")
     run("compile", [*compile_sets, "compile=on"], cold_env)
     compiled = store.read_json(layout.report(model, f"{model}-compile", "compile"))
     out["cold_first"] = compiled["cold_seconds_to_first_step"]

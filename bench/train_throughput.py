@@ -47,6 +47,7 @@ from _common import (
     NOISY,
     MatmulPeak,
     command_line,
+    device_sync,
     generate_data,
     interleaved,
     machine,
@@ -74,18 +75,32 @@ class Trainer:
     batch_size: int
     compiles: Callable[[], int]
     done: int = 0
+    sync: Callable[[], None] = lambda: None
 
     def steps(self, n: int) -> float:
-        """Run ``n`` more steps; returns their wall seconds."""
+        """Run ``n`` more steps; returns their wall seconds (the device's queue drained)."""
+        self.sync()
         started = time.perf_counter()
         self.run(self.done, self.done + n)
+        self.sync()
         self.done += n
         return time.perf_counter() - started
 
 
-def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> Trainer:
+def build_trainer(
+    model_name: str,
+    root: str,
+    variant: str,
+    max_total: int,
+    backend_name: str = "cpu",
+    batch_size: int | None = None,
+    max_length: int | None = None,
+) -> Trainer:
     """The train job's model, optimizer, schedule and data for ``model_name``, stepped
-    by :meth:`embedfresh.ml.training.Trainer.run`. ``variant``: ``eager`` or ``compiled``."""
+    by :meth:`embedfresh.ml.training.Trainer.run` on ``backend_name`` (its autocast:
+    bf16 on cuda). ``variant``: ``eager`` or ``compiled``; ``batch_size`` and
+    ``max_length`` (the padded length of every sequence): the model config's unless
+    given."""
     from embedfresh.core.config import TrainConfig
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml import training
@@ -109,13 +124,16 @@ def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> T
     cfg = TrainConfig(**settings)
     store = ArtifactStore(root)
     spec = get_spec(model_name)
-    backend = get_backend("cpu")
+    backend = get_backend(backend_name)
     examples = read_train(store, cfg.dataset, DAY, cfg.interval_end)
-    batch_size = spec.default_batch_size
+    batch_size = batch_size or spec.default_batch_size
+    if len(examples) < batch_size:
+        raise SystemExit(f"{len(examples)} training rows do not fill one batch of {batch_size}")
     per_epoch = len(examples) // batch_size
     plan = training.TrainPlan(batch_size, 1, per_epoch, max_total, "bench")
-    data = training.TrainingSet.build(examples, TextTokenizer(tokenizer_file(), spec.max_length))
-    model = versions.build_model(spec, cfg.seed)
+    tokenizer = TextTokenizer(tokenizer_file(), max_length or spec.max_length)
+    data = training.TrainingSet.build(examples, tokenizer)
+    model = versions.build_model(spec, cfg.seed).to(backend.device)
     init = {"source": "base", "weights": versions.load_base_weights(model)}
     optimizer = training.make_optimizer(model, cfg, incremental=False)
     schedule = training.make_schedule(optimizer, cfg.warmup_steps, max_total)
@@ -135,7 +153,7 @@ def build_trainer(model_name: str, root: str, variant: str, max_total: int) -> T
             raise RuntimeError(f"chunk starts at step {first}, the state is at {state.step}")
         trainer.run(state, until=last)
 
-    return Trainer(variant, run, batch_size, backend.compiles)
+    return Trainer(variant, run, batch_size, backend.compiles, sync=device_sync(backend_name))
 
 
 def count_step_flops(trainer: Trainer) -> int:
