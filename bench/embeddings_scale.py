@@ -196,7 +196,7 @@ def main() -> None:
             f"{platform.python_version()}, load average at start {load}",
             f"- Model `tiny`, generated product corpus, shards of {args.shard_rows:,} rows; "
             "each size embedded by its own `python -m embedfresh.jobs.embed` process. Job peak RSS: "
-            "`ru_maxrss` when the job returns (its report's `peak_rss_mib`); process peak "
+            "its own `VmHWM` when the job returns (its report's `peak_rss_mib`); process peak "
             "RSS: `os.wait4` of that process, which also counts interpreter exit; the corpus is "
             "written by another child, so the bench's own RSS sets no floor under these. Verify: "
             "`python -m embedfresh.jobs.embed_verify` on those embeddings, its own process, "
