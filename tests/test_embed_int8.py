@@ -4,6 +4,8 @@ gate (recall@10 on the eval split, int8 not worse than fp32 by more than 0.1%, o
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -198,3 +200,54 @@ def test_int8_config_is_validated() -> None:
         EmbedConfig(version="v1", quantize="int4")
     assert EmbedConfig(version="v1").quantize == "none"
     assert Mode.NO_REGRESSION == "no_regression"
+
+
+def test_int8_parts_come_from_one_calibration_whatever_the_task_or_rerun(root: str) -> None:
+    """As a team runs it: long texts in several scripts with string ids, three shards.
+    A task that starts past shard 0 (a re-run after a kill that committed shard 0, or an
+    array child) must build the same int8 model as the whole run: calibration reads the
+    corpus's first shard, never the task's own first one, so the parts of one output are
+    byte-equal whichever task wrote them, and a re-run reuses them."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.test_embed_own_corpus import SCRIPTS
+
+    sentences = list(SCRIPTS.values())
+    # Each shard in scripts of its own, so their activations (and a calibration on them)
+    # differ; lengths from one sentence to several times the model's 64 tokens.
+    texts = [
+        (sentences[(3 * (i // 30) + i % 3) % len(sentences)] + str(i)) * (1 + i % 5)
+        for i in range(90)
+    ]
+    ids = [f"sku-{i:05d}-{len(t)}" for i, t in enumerate(texts)]
+    here = root.removeprefix("file://")
+    shutil.copytree(here, f"{here}-whole")  # the test data set, eval split included
+    other = ArtifactStore(f"file://{here}-whole")
+    spec = get_spec("tiny")
+    weights = cpu_state_dict(versions.build_model(spec, 0))
+    # One outlier channel, so calibration smooths (on plain tiny every alpha is 0 and the
+    # calibration texts would change nothing).
+    weights["encoder.embeddings.LayerNorm.weight"][3] = 40.0
+    for store in (ArtifactStore(root), other):
+        versions.publish(store, spec, "v1", weights, {})
+        for s in range(3):
+            sink = io.BytesIO()
+            rows = slice(30 * s, 30 * (s + 1))
+            pq.write_table(pa.table({"id": ids[rows], "text": texts[rows]}), sink)
+            store.write_bytes(f"{layout.corpus('scripts')}/{layout.part_name(s)}", sink.getvalue())
+
+    out = layout.embeddings("tiny", "v1", "scripts")
+    assert _run(root, "corpus=scripts", "shards=[1,2]") == 0  # starts past shard 0
+    assert _run(other.url(""), "corpus=scripts") == 0  # the whole corpus at once
+    for s in (1, 2):
+        part = f"{out}/{layout.part_name(s)}"
+        assert ArtifactStore(root).read_bytes(part) == other.read_bytes(part), s
+    # The re-run over the whole corpus embeds shard 0 and reuses 1 and 2.
+    assert _run(root, "corpus=scripts", "run_id=rerun") == 0
+    report = ArtifactStore(root).read_json("runs/tiny/rerun/reports/embed.json")
+    assert report["shards_done"] == [0] and report["shards_skipped"] == [1, 2], report
+    part = f"{out}/{layout.part_name(0)}"
+    assert ArtifactStore(root).read_bytes(part) == other.read_bytes(part)

@@ -185,6 +185,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     else:
         available = corpus_shards(store, cfg.corpus)
         wanted = list(available) if cfg.shards is None else cfg.shards
+    # int8 is calibrated on the corpus's first shard, whatever this task embeds: every
+    # task, array child and re-run after a kill then builds the same int8 model, so the
+    # parts of one output never come from two calibrations.
+    if child_plan is not None:
+        calibration_shard = min(child_plan.shards + child_plan.reused)
+    else:
+        calibration_shard = min(available)
     unknown = [i for i in wanted if i not in available]
     if unknown:
         raise BadInputError(
@@ -204,6 +211,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "quantize": cfg.quantize,
         "backend": backend.name if backend is not None else resolve_name(cfg.backend),
     }
+    if cfg.quantize == "int8":
+        settings["int8_calibration"] = layout.part_name(calibration_shard)
     status = shard_status(
         store,
         corpus_dir=corpus_dir,
@@ -275,9 +284,9 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     int8_gate = None
     if cfg.quantize == "int8":
-        first = f"{corpus_dir}/{available[todo[0]]}" if todo else None
+        calibration = f"{corpus_dir}/{layout.part_name(calibration_shard)}" if todo else None
         model, int8_gate = _int8_or_refuse(
-            cfg, store, model, backend, tokenizer, lengths, first, prompt
+            cfg, store, model, backend, tokenizer, lengths, calibration, prompt
         )
         if int8_gate is not None and int8_gate["verdict"] != "PASS":
             store.write_json(
@@ -673,17 +682,17 @@ def _int8_or_refuse(
     backend: Any,
     tokenizer: VariableTokenizer,
     lengths: tuple[int, ...],
-    first_shard: str | None,
+    calibration_shard: str | None,
     prompt: str,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """The int8 model, calibrated on the first texts of ``first_shard`` (the first shard
-    this task embeds), and the int8 quality gate's summary with what was done to each
+    """The int8 model, calibrated on the first texts of ``calibration_shard`` (the
+    corpus's first shard), and the int8 quality gate's summary with what was done to each
     layer (None when no shard is left to embed, so nothing would be published)."""
     from embedfresh.ml.embedding.int8 import int8_gate, quantize_int8
 
-    if first_shard is None:
+    if calibration_shard is None:
         return quantize_int8(model, backend)[0], None
-    _, texts = read_corpus_shard(store, first_shard)
+    _, texts = read_corpus_shard(store, calibration_shard)
     calibration, _ = tokenizer([prompt + t for t in texts[:CALIBRATION_TEXTS]])
     int8, layers = quantize_int8(model, backend, calibration)
     _, summary = int8_gate(
