@@ -90,8 +90,9 @@ def machine() -> str:
     import torch  # noqa: PLC0415 - only where a bench runs
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    isa = torch.backends.cpu.get_cpu_capability()  # AVX2 vs AVX512: 2x in GEMM rates
     return (
-        f"nproc {len(os.sched_getaffinity(0))}, {cpu_model()}, Python "
+        f"nproc {len(os.sched_getaffinity(0))}, {cpu_model()} ({isa}), Python "
         f"{platform.python_version()}, torch {torch.__version__}, load average at start {load}"
     )
 

@@ -230,20 +230,13 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
+    from _common import cpu_model
 
-    isa = torch.backends.cpu.get_cpu_capability()
     return (
-        f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {model}, torch "
-        f"dispatches to {isa}, Python {platform.python_version()}"
+        f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}, torch "
+        f"dispatches to {torch.backends.cpu.get_cpu_capability()}, Python "
+        f"{platform.python_version()}"
     )
 
 
@@ -332,10 +325,9 @@ def main() -> None:
     results["st"]["max_abs_1_minus_cos"] = 0.0
 
     st_rate = results["st"]["sentences_per_s"]
-    import torch
+    from embedfresh.ml.embedding.packed import onednn_is_faster
 
-    # The packed forward's GEMMs: oneDNN on AVX-512 CPUs, MKL elsewhere (packed.py).
-    gemm = "oneDNN" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "MKL"
+    gemm = "oneDNN" if onednn_is_faster() else "MKL"  # the packed forward's GEMMs
     gate = results.get("gate")
     rows = [
         ("sentence-transformers fp32", results["st"], f"batch {results['st']['batch_size']}"),

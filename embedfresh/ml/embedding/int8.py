@@ -194,8 +194,7 @@ def _candidates(module: Any, absmax: Any) -> dict[float, Any]:
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     out = {}
     for alpha in SMOOTHING_ALPHAS if absmax is not None else (0.0,):
-        layer = nn.Linear(module.in_features, module.out_features, module.bias is not None)
-        layer.load_state_dict(module.state_dict())
+        layer = copy.deepcopy(module)
         scale = torch.ones(module.in_features)
         if alpha:
             w = module.weight.detach().abs().amax(0).clamp(min=1e-5)

@@ -32,21 +32,16 @@ from embedfresh.ml.model.encoder import BertEncoder, BertLayer
 
 
 @functools.cache
-def _onednn_is_faster() -> bool:
-    """oneDNN's fp32 GEMMs beat MKL's on AVX-512 CPUs (~2.2x a core on our AMD EPYC);
-    on AVX2-only CPUs MKL is as fast or faster (measured 2026-11-27 on an AVX2 EPYC:
-    5% less CPU time for the packed forward at 1 thread, 141 vs 115 GFLOP/s for a
-    512 x 384 x 1536 GEMM at 2 threads; docs/BENCHMARKS.md)."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
-def _onednn(x: torch.Tensor) -> bool:
+def onednn_is_faster() -> bool:
+    """Whether fp32 GEMMs go to oneDNN rather than MKL: where torch dispatches to AVX-512
+    (~2.2x MKL a core on our AMD EPYC) and oneDNN's linear op exists. On AVX2-only CPUs
+    MKL is as fast or faster (measured 2026-11-27 on an AVX2 EPYC: 5% less CPU time for
+    the packed forward at 1 thread, 141 vs 115 GFLOP/s for a 512 x 384 x 1536 GEMM at 2
+    threads; docs/BENCHMARKS.md)."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
+        torch.backends.cpu.get_cpu_capability().startswith("AVX512")
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and _onednn_is_faster()
     )
 
 
@@ -62,7 +57,7 @@ ROW_STEP = 64
 
 
 def _chunked_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
-    onednn = _onednn(x)
+    onednn = onednn_is_faster()
     if onednn:
         attr, algorithm = ("gelu", "none") if gelu else ("none", "")
     out = x.new_empty(x.shape[0], layer.out_features)
