@@ -45,7 +45,7 @@ compares with -0.1%: a one-sided test at 95%."""
 
 
 CALIBRATION_TOKENS = 8192
-"""Real tokens of calibration text (the first texts the job will embed, one at a time so
+"""Real tokens of calibration text (the corpus's first shard's, one text at a time so
 no padding enters the statistics)."""
 SMOOTHING_ALPHAS = (0.0, 0.5, 0.75)
 """Migration strengths tried per layer (0: no smoothing); the one with the smallest error
