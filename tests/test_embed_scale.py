@@ -1,16 +1,18 @@
-"""The embed job streams: its peak memory does not grow with the corpus.
+"""The embed job streams: its memory does not grow with the corpus.
 
 CI-sized version of ``bench/embeddings_scale.py`` (100,000 vs 1,000,000 rows): the tiny
-model on 3,000 and 30,000 generated rows in shards of 1,000. A job that kept texts,
+model on 10,000 and 30,000 generated rows in shards of 1,000. A job that kept texts,
 tokens or vectors of every shard would grow by about 1 KiB a row (~20 MiB over the
 last 20 shards of the big corpus); the tolerances below are under that, and a run with
 such a leak planted (every shard's token ids and batch plan kept) shows the check
-catches it. The peak hides a leak smaller than the forward's transient memory: about
-20 MiB of leak over the first 10 shards vanished under it in that run."""
+catches it. The check reads the memory after each commit, not only the peak: the peak
+hides a leak smaller than the forward's transient memory (that run's peak rose by
+0.3 MiB over the 20 shards where its memory after a commit rose by ~30)."""
 
 from __future__ import annotations
 
 import re
+import statistics
 import subprocess
 import sys
 
@@ -23,7 +25,7 @@ from embedfresh.ml.model.presets import get_spec
 from tests.conftest import ROOT, job_env, run_job
 
 SHARD_ROWS = 1_000
-PEAK = re.compile(r"shard \d+ committed: .*peak RSS ([\d.]+) MiB")
+MEMORY = re.compile(r"shard \d+ committed: .*, RSS ([\d.]+) MiB, peak RSS ([\d.]+) MiB")
 
 
 def _corpus(store: ArtifactStore, name: str, rows: int) -> None:
@@ -56,9 +58,9 @@ main_for("embed", EmbedConfig, job.embed)
 """
 
 
-def _embed(root: str, corpus: str, leak: bool = False) -> tuple[list[float], float]:
-    """Peak RSS after each committed shard, and the report's peak (MiB). The leaking run
-    embeds version v2 (the same weights), so it reuses none of v1's committed shards."""
+def _embed(root: str, corpus: str, leak: bool = False) -> tuple[list[tuple[float, float]], float]:
+    """(RSS, peak RSS) after each committed shard, and the report's peak (MiB). The leaking
+    run embeds version v2 (the same weights), so it reuses none of v1's committed shards."""
     version = "v2" if leak else "v1"
     sets = [f"artifact_root={root}", "model=tiny", f"version={version}", f"corpus={corpus}"]
     if leak:
@@ -73,7 +75,16 @@ def _embed(root: str, corpus: str, leak: bool = False) -> tuple[list[float], flo
     assert done.returncode == 0, done.stderr
     run_id = f"{corpus}-leak" if leak else corpus
     report = ArtifactStore(root).read_json(layout.report("tiny", run_id, "embed"))
-    return [float(m) for m in PEAK.findall(done.stderr)], report["peak_rss_mib"]
+    shards = [(float(now), float(peak)) for now, peak in MEMORY.findall(done.stderr)]
+    return shards, report["peak_rss_mib"]
+
+
+def _growth(shards: list[tuple[float, float]]) -> float:
+    """Growth of the memory after a commit over the last 20 shards: the median of the last
+    5 against the median of the 5 that start those 20 (the memory after a commit moves by
+    up to ~10 MiB from shard to shard with what the allocator keeps)."""
+    now = [rss for rss, _ in shards]
+    return statistics.median(now[-5:]) - statistics.median(now[-20:-15])
 
 
 def test_peak_memory_does_not_grow_with_the_corpus(root: str) -> None:
@@ -82,21 +93,25 @@ def test_peak_memory_does_not_grow_with_the_corpus(root: str) -> None:
     weights = cpu_state_dict(versions.build_model(spec, 0))
     for version in ("v1", "v2"):
         versions.publish(store, spec, version, weights, {})
-    _corpus(store, "small", 3_000)
+    _corpus(store, "small", 10_000)
     _corpus(store, "big", 30_000)
 
     small_shards, small_peak = _embed(root, "small")
     big_shards, big_peak = _embed(root, "big")
-    assert len(small_shards) == 3 and len(big_shards) == 30
-    # Within the big run (no start-up noise between processes): flat over its last 20
-    # shards, where a non-streaming job would keep climbing. The first shards may step up
-    # while the prefetch pipeline and oneDNN's per-shape kernel cache fill (up to 13 MiB
-    # by the 4th shard, measured on an AVX2 host), then the peak stays put.
-    assert big_shards[-1] - big_shards[9] <= 8.0, big_shards
-    # Across runs (each process's own peak; allocator noise of a few MiB either way).
-    assert big_peak - small_peak <= 16.0, (small_peak, big_peak)
+    assert len(small_shards) == 10 and len(big_shards) == 30
+    # Within the big run (no start-up noise between processes), over its last 20 shards:
+    # the memory after each commit stays put, where a job that kept any shard's texts,
+    # tokens or vectors would climb by ~1 KiB a row; so does the peak. The first shards
+    # step up while the prefetch pipeline and the GEMM libraries' per-shape caches fill
+    # (by up to 50 MiB over the first 6 shards on an AVX-512 Xeon, 2026-11-27), then stay.
+    assert _growth(big_shards) <= 8.0, big_shards
+    assert big_shards[-1][1] - big_shards[-21][1] <= 8.0, big_shards
+    # Across runs, each process's own peak: 10 shards against 30, both past that step-up
+    # (3 shards against 30 failed on a CI host: 686.8 against 710.5 MiB, while the big
+    # run was flat over its last 20 shards).
+    assert big_peak - small_peak <= 16.0, (small_shards, big_shards)
 
     # The check can fail: the same big run with a per-row leak planted climbs past it.
-    # (measured: +24 MiB over the last 20 shards, as shipped +0).
     leaked, _ = _embed(root, "big", leak=True)
-    assert leaked[-1] - leaked[9] > 8.0, leaked
+    # (measured 2026-11-27: +29.5 MiB, as shipped +0.0; its peak rose by 0.3 MiB only).
+    assert _growth(leaked) > 8.0, leaked

@@ -23,7 +23,8 @@ one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token leng
 a fixed set of padded lengths under a token budget (:mod:`embedfresh.ml.embedding.bucketing`);
 on CPU/CUDA the batches run unpadded through oneDNN (:mod:`embedfresh.ml.embedding.packed`).
 Memory is bounded by the shard size (at most three shards in flight), never by the
-corpus: each commit logs the peak RSS so far, and the report carries ``peak_rss_mib``.
+corpus: each commit logs the resident memory and its peak so far, and the report carries
+``peak_rss_mib``.
 Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
 """
 
@@ -373,13 +374,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                 )
             log.info(
                 "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, "
-                "peak RSS %.1f MiB)",
+                "RSS %.1f MiB, peak RSS %.1f MiB)",
                 shard.index,
                 n,
                 seconds,
                 n / max(seconds, 1e-9),
                 shard.truncated,
-                _peak_rss_mib(),
+                *_rss_mib(),
             )
             done.append(shard.index)
             totals["rows"] += n
@@ -425,7 +426,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
         "embed_seconds": round(embed_seconds, 6),
         "wall_seconds": round(wall, 3),
-        "peak_rss_mib": round(_peak_rss_mib(), 1),
+        "peak_rss_mib": round(_rss_mib()[1], 1),
         "max_length": max_length,
         "model_max_seq_length": spec.embedding_max_length,
         "lengths": list(lengths),
@@ -633,25 +634,35 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _peak_rss_mib() -> float:
-    """This process's peak RSS so far: what a memory request must cover. It does not
-    grow with the corpus (shards are streamed), only with the shard size.
+def _rss_mib() -> tuple[float, float]:
+    """This process's resident memory now and its peak so far (MiB).
 
-    On Linux it is ``VmHWM`` of ``/proc/self/status``, the high-water mark of this
-    process's own address space. ``ru_maxrss`` is not: exec carries the parent's
-    high-water mark into it, so a job started by an 800 MiB process (a test runner, an
-    Airflow worker) reads at least 800 MiB whatever it uses (measured 2026-11-27: 813
-    against 13 MiB for the same child). A job forked from the fork server starts with
-    the server's pages mapped and counts them either way."""
+    The peak is what a memory request must cover; it does not grow with the corpus
+    (shards are streamed), only with the shard size. The memory now, read after a shard
+    is committed, is what a leak moves: the peak hides one until it outgrows the
+    forward's transient memory (measured 2026-11-27: ~1 KiB a row kept for 20 shards of
+    1,000 rows raised the peak by 0.3 MiB and the memory after a commit by ~30).
+
+    On Linux these are ``VmRSS`` and ``VmHWM`` of ``/proc/self/status``, this process's
+    own address space. ``ru_maxrss`` is not: exec carries the parent's high-water mark
+    into it, so a job started by an 800 MiB process (a test runner, an Airflow worker)
+    reads at least 800 MiB whatever it uses (measured 2026-11-27: 813 against 13 MiB for
+    the same child). A job forked from the fork server starts with the server's pages
+    mapped and counts them either way. Elsewhere both are ``ru_maxrss``."""
+    found: dict[str, float] = {}
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
+                key = line.split(":", 1)[0]
+                if key in ("VmRSS", "VmHWM"):
+                    found[key] = int(line.split()[1]) / 1024  # kB
     except OSError:
         pass
+    if len(found) == 2:
+        return found["VmRSS"], found["VmHWM"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024  # bytes / KiB
+    peak = peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024  # bytes / KiB
+    return peak, peak
 
 
 def _shard_holding(
