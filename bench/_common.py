@@ -85,12 +85,28 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def cpu_isa() -> str:
+    """The vector ISA torch dispatches to, plus the matrix and dot-product extensions it
+    finds (AMX, AVX512-BF16, AVX512-VNNI): fp32 GEMM rates differ ~2x between AVX2 and
+    AVX-512 parts, and bf16 / int8 ones ~5x between parts with and without AMX."""
+    import torch  # noqa: PLC0415 - only where a bench runs
+
+    cpu = torch._C._cpu
+    probes = (
+        ("AMX", cpu._is_amx_tile_supported),
+        ("AVX512-BF16", cpu._is_avx512_bf16_supported),
+        ("AVX512-VNNI", cpu._is_avx512_vnni_supported),
+    )
+    extras = [name for name, probe in probes if probe()]
+    return " + ".join([torch.backends.cpu.get_cpu_capability(), *extras])
+
+
 def machine() -> str:
     """One line: cores usable, CPU model, Python and torch versions, load average."""
     import torch  # noqa: PLC0415 - only where a bench runs
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    isa = torch.backends.cpu.get_cpu_capability()  # AVX2 vs AVX512: 2x in GEMM rates
+    isa = cpu_isa()
     return (
         f"nproc {len(os.sched_getaffinity(0))}, {cpu_model()} ({isa}), Python "
         f"{platform.python_version()}, torch {torch.__version__}, load average at start {load}"

@@ -7,20 +7,21 @@ Run on demand, not in CI::
 One invocation runs every variant in its own subprocess on the same texts with the same
 thread count (so each peak RSS is that variant's own): ``st`` (the shipped
 all-MiniLM-L6-v2 through sentence-transformers, batch size swept over 32/64/128 on a
-subset in the first round, the best one timed on all texts), ``ours-fp32`` and
-``ours-int8`` (length bucketing + the unpadded oneDNN forward of
+subset in the first round, the best one timed on all texts), ``ours-fp32``,
+``ours-int8`` and ``ours-bf16`` (length bucketing + the unpadded forward of
 :mod:`embedfresh.ml.embedding.packed`, as the embed job runs it, in memory, no store) and
 ``ours-fp32-padded`` (the same buckets through the padded ``model.embed``: what packing
-and oneDNN add). Both sides truncate at 256 tokens (the shipped model's
+adds). Both sides truncate at 256 tokens (the shipped model's
 ``max_seq_length``). The variants are interleaved: each round runs every variant once
 (one untimed warm-up batch, then one timed pass over all texts), so load from other
 work on a shared machine hits all of them alike; the median over rounds is reported.
-A last subprocess runs the embed job's int8 quality gate
-(:func:`embedfresh.ml.embedding.int8.int8_gate`, one-sided non-inferiority at 95% on
+Last subprocesses run the embed job's fast-mode quality gates, bf16 and int8
+(:func:`embedfresh.ml.embedding.precision.fast_mode_gate`, one-sided non-inferiority at 95% on
 recall@10) on a generated eval split of ``--gate-eval-rows`` rows (``--gate-only`` runs
 just that) with the embed job's defaults. Prints a Markdown table and appends it with the
-command, machine (CPU model and the vector ISA torch dispatches to: GEMM rates differ by
-about 2x between AVX2 and AVX-512 parts) and date to ``docs/BENCHMARKS.md``.
+command, machine (CPU model, the vector ISA torch dispatches to and AMX / AVX512-BF16 /
+VNNI: fp32 GEMM rates differ by about 2x between AVX2 and AVX-512 parts, bf16 and int8
+ones by about 5x with and without AMX) and date to ``docs/BENCHMARKS.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TIMED = ("st", "ours-fp32", "ours-fp32-padded", "ours-int8")
+TIMED = ("st", "ours-fp32", "ours-fp32-padded", "ours-int8", "ours-bf16")
+FAST_MODES = ("bf16", "int8")
 MAX_LENGTH = 256
 ST_BATCH_SIZES = (32, 64, 128)
 SWEEP_TEXTS = 1000
@@ -133,9 +135,13 @@ def run_variant(
         backend = get_backend("cpu")
         tok = VariableTokenizer(tokenizer_file().read_bytes(), MAX_LENGTH)
         if variant == "ours-int8":  # calibrated on the first texts, as the embed job does
-            from embedfresh.ml.embedding.int8 import quantize_int8
+            from embedfresh.ml.embedding.precision import quantize_int8
 
             model, _ = quantize_int8(model, backend, tok(texts[:512])[0])
+        elif variant == "ours-bf16":
+            from embedfresh.ml.embedding.precision import to_bf16
+
+            model, _ = to_bf16(model, backend)
         hidden = spec.encoder.hidden_size
 
         packed = variant != "ours-fp32-padded"
@@ -157,9 +163,9 @@ def run_variant(
     return result, np.asarray(vectors, dtype=np.float32)
 
 
-def run_gate(workdir: Path, eval_rows: int) -> dict:
-    """The embed job's int8 quality gate with its defaults, on a generated eval split of
-    ``eval_rows`` rows (about one query per 8 rows)."""
+def run_gate(workdir: Path, eval_rows: int, mode: str) -> dict:
+    """The embed job's quality gate of fast ``mode`` (int8/bf16) with its defaults, on a
+    generated eval split of ``eval_rows`` rows (about one query per 8 rows)."""
     from embedfresh.core import layout
     from embedfresh.core.config import EmbedConfig
     from embedfresh.core.config.embedding import DEFAULT_LENGTHS
@@ -168,7 +174,7 @@ def run_gate(workdir: Path, eval_rows: int) -> dict:
     from embedfresh.ml.backends import get_backend
     from embedfresh.ml.data.generate import write_dataset
     from embedfresh.ml.embedding.bucketing import VariableTokenizer, padded_lengths
-    from embedfresh.ml.embedding.int8 import int8_gate, quantize_int8
+    from embedfresh.ml.embedding.precision import fast_mode_gate, quantize_int8, to_bf16
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec, tokenizer_file
 
@@ -183,25 +189,35 @@ def run_gate(workdir: Path, eval_rows: int) -> dict:
     tok = VariableTokenizer(tokenizer_file().read_bytes(), max_length)
     budget = EmbedConfig.model_fields["token_budget"].default
     t0 = time.perf_counter()
-    # Calibrated as the embed job calibrates: the first texts of the corpus's first shard.
-    _, texts = read_corpus_shard(store, f"{layout.corpus('products')}/{layout.part_name(0)}")
-    int8, layers = quantize_int8(
-        model, backend, tok([spec.prompt("document") + t for t in texts])[0]
-    )
-    result, summary = int8_gate(
+    extra: dict = {}
+    if mode == "int8":
+        # Calibrated as the embed job calibrates: the first texts of the corpus's first shard.
+        path = f"{layout.corpus('products')}/{layout.part_name(0)}"
+        _, texts = read_corpus_shard(store, path)
+        fast, layers = quantize_int8(
+            model, backend, tok([spec.prompt("document") + t for t in texts])[0]
+        )
+        extra = {
+            "quantization": {k: v for k, v in layers.items() if k != "layers"},
+            "worst_layer_error": max(e["relative_error"] for e in layers["layers"]),
+        }
+    else:
+        fast, extra = to_bf16(model, backend)
+    result, summary = fast_mode_gate(
         store,
         "products",
         model,
-        int8,
+        fast,
         backend,
         tok,
         padded_lengths(DEFAULT_LENGTHS, max_length),
         budget,
+        mode=mode,
     )
     m = result.metric("recall_at_10")
     return {
-        "quantization": {k: v for k, v in layers.items() if k != "layers"},
-        "worst_layer_error": max(e["relative_error"] for e in layers["layers"]),
+        **extra,
+        "mode": mode,
         "eval_rows": eval_rows,
         "seconds": round(time.perf_counter() - t0, 1),
         "n_products": summary["n_products"],
@@ -213,15 +229,15 @@ def run_gate(workdir: Path, eval_rows: int) -> dict:
         "max_length": max_length,
         "n_queries": summary["n_queries"],
         "recall_fp32": summary["recall_at_10_fp32"],
-        "recall_int8": summary["recall_at_10_int8"],
+        "recall_fast": summary[f"recall_at_10_{mode}"],
         "ci": [m.bootstrap.ci_low, m.bootstrap.ci_high] if m.bootstrap else None,
     }
 
 
 def _child(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
-    if args.variant == "gate":
-        out = run_gate(work, args.gate_eval_rows)
+    if args.variant.startswith("gate-"):
+        out = run_gate(work, args.gate_eval_rows, args.variant.removeprefix("gate-"))
     else:
         texts = json.loads((work / "texts.json").read_text())
         out, vectors = run_variant(args.variant, texts, args.repeats, args.batch_size)
@@ -230,13 +246,11 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _machine() -> str:
-    import torch
-    from _common import cpu_model
+    from _common import cpu_isa, cpu_model
 
     return (
         f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}, torch "
-        f"dispatches to {torch.backends.cpu.get_cpu_capability()}, Python "
-        f"{platform.python_version()}"
+        f"dispatches to {cpu_isa()}, Python {platform.python_version()}"
     )
 
 
@@ -251,10 +265,15 @@ def main() -> None:
         "--gate-eval-rows",
         type=int,
         default=40_000,
-        help="eval rows generated for the int8 quality gate (about one query per 8 rows; "
-        "0: no gate)",
+        help="eval rows generated for the fast modes' quality gate (about one query per 8 "
+        "rows; 0: no gate)",
     )
-    parser.add_argument("--gate-only", action="store_true", help="run only the int8 gate")
+    parser.add_argument(
+        "--gate-modes",
+        default=",".join(FAST_MODES),
+        help="the fast modes whose gate runs, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument("--gate-only", action="store_true", help="run only the gates")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
@@ -272,20 +291,21 @@ def main() -> None:
         "TOKENIZERS_PARALLELISM": "true",
         "PYTHONPATH": str(ROOT),
     }
+    modes = [m for m in args.gate_modes.split(",") if m] if args.gate_eval_rows else []
     if args.gate_only:
         with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
-            gate = _run_gate(tmp, env, args.gate_eval_rows)
+            gates = {m: _run_gate(tmp, env, args.gate_eval_rows, m) for m in modes}
         cmd = (
             f"OMP_NUM_THREADS={args.threads} .venv/bin/python bench/embeddings.py --gate-only "
-            f"--gate-eval-rows {args.gate_eval_rows}"
+            f"--gate-eval-rows {args.gate_eval_rows} --gate-modes {args.gate_modes}"
         )
         text = "\n".join(
             [
-                f"## int8 quality gate on minilm ({dt.date.today().isoformat()})",
+                f"## Fast modes' quality gate on minilm ({dt.date.today().isoformat()})",
                 "",
                 f"- Command: `{cmd}`",
                 f"- Machine: {_machine()}; {args.threads} torch threads",
-                _gate_line(gate),
+                *(_gate_line(g) for g in gates.values()),
                 f"- Wall time of the whole benchmark: {time.perf_counter() - started:.0f} s",
                 "",
             ]
@@ -315,8 +335,7 @@ def main() -> None:
                     results[variant] = out
         for out in (results[v] for v in TIMED):
             out["sentences_per_s"] = out["texts"] / statistics.median(out["seconds"])
-        if args.gate_eval_rows:
-            results["gate"] = _run_gate(tmp, env, args.gate_eval_rows)
+        gates = {m: _run_gate(tmp, env, args.gate_eval_rows, m) for m in modes}
         st_vec = np.load(work / "st.npy")
         for variant in TIMED[1:]:
             v = np.load(work / f"{variant}.npy")
@@ -328,16 +347,20 @@ def main() -> None:
     from embedfresh.ml.embedding.packed import onednn_is_faster
 
     gemm = "oneDNN" if onednn_is_faster() else "MKL"  # the packed forward's GEMMs
-    gate = results.get("gate")
+
+    def verdict(mode: str) -> str:
+        return f"{mode} gate: {gates[mode]['verdict']}" if mode in gates else f"{mode} gate not run"
+
+    from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.embedding.precision import native_bf16
+
+    bf16 = "native bf16" if native_bf16(get_backend("cpu")) else "bf16 emulated"
     rows = [
         ("sentence-transformers fp32", results["st"], f"batch {results['st']['batch_size']}"),
         ("ours fp32", results["ours-fp32"], f"bucketed, budget 4096, packed, {gemm}"),
         ("ours fp32, padded", results["ours-fp32-padded"], "same buckets, padded, MKL"),
-        (
-            "ours int8 (dynamic, calibrated)",
-            results["ours-int8"],
-            f"int8 gate: {gate['verdict']}" if gate else "int8 gate not run",
-        ),
+        ("ours int8 (dynamic, calibrated)", results["ours-int8"], verdict("int8")),
+        ("ours bf16", results["ours-bf16"], f"packed, {bf16}; {verdict('bf16')}"),
     ]
     lines = [
         f"| variant | sentences/s (median of {args.repeats}) | vs ST | max abs(1 - cos) vs ST "
@@ -353,6 +376,7 @@ def main() -> None:
     cmd = (
         f"OMP_NUM_THREADS={args.threads} .venv/bin/python bench/embeddings.py --texts "
         f"{args.texts} --repeats {args.repeats} --gate-eval-rows {args.gate_eval_rows}"
+        + (f" --gate-modes {args.gate_modes}" if args.gate_eval_rows else "")
     )
     text = "\n".join(
         [
@@ -367,9 +391,10 @@ def main() -> None:
             f"- Load average (1, 5, 15 min) at the end: {os.getloadavg()}",
             f"- ST batch-size sweep on {SWEEP_TEXTS} texts (sentences/s): {sweep}",
             f"- Ours: lengths {list(LENGTHS)}, token budget {TOKEN_BUDGET}, no dummy rows",
-            _gate_line(gate) if gate else "- int8 quality gate: not run (--gate-eval-rows 0)",
+            *(_gate_line(g) for g in gates.values()),
+            *([] if gates else ["- Fast modes' quality gate: not run (--gate-eval-rows 0)"]),
             "- Targets (issue 18): fp32 >= 2.0x ST with every vector within cosine 0.99999; "
-            "a fast mode >= 4x ST whose int8 gate PASSes",
+            "a fast mode >= 4x ST whose quality gate PASSes",
             f"- Wall time of the whole benchmark: {time.perf_counter() - started:.0f} s",
             "",
             *lines,
@@ -379,27 +404,33 @@ def main() -> None:
     _emit(args, text)
 
 
-def _run_gate(tmp: str, env: dict[str, str], eval_rows: int) -> dict:
-    print(f"int8 quality gate on {eval_rows} eval rows ...", file=sys.stderr, flush=True)
-    cmd = [sys.executable, __file__, "--variant", "gate", "--workdir", tmp]
+def _run_gate(tmp: str, env: dict[str, str], eval_rows: int, mode: str) -> dict:
+    print(f"{mode} quality gate on {eval_rows} eval rows ...", file=sys.stderr, flush=True)
+    cmd = [sys.executable, __file__, "--variant", f"gate-{mode}", "--workdir", tmp]
     subprocess.run([*cmd, "--gate-eval-rows", str(eval_rows)], env=env, check=True)
-    return json.loads((Path(tmp) / "gate.json").read_text())
+    return json.loads((Path(tmp) / f"gate-{mode}.json").read_text())
 
 
 def _gate_line(gate: dict) -> str:
     lo, hi = gate["ci"] or (float("nan"), float("nan"))
+    mode = gate["mode"]
+    if mode == "int8":
+        how = (
+            f"calibration {gate['quantization']['calibration_texts']} corpus texts "
+            f"({gate['quantization']['calibration_tokens']} tokens), "
+            f"{gate['quantization']['int8_layers']} layers int8, fp32 kept: "
+            f"{gate['quantization']['fp32_layers'] or 'none'}, worst layer error "
+            f"{gate['worst_layer_error']}"
+        )
+    else:
+        how = "native bf16" if gate["native_bf16"] else "bf16 emulated (no AMX / AVX512-BF16)"
     return (
-        f"- int8 quality gate (embed job defaults, max length {gate['max_length']}, "
+        f"- {mode} quality gate (embed job defaults, max length {gate['max_length']}, "
         f"{gate['eval_rows']:,} eval rows: {gate['n_queries']:,} queries over "
         f"{gate['n_products']:,} products, {gate['seconds']} s): **{gate['verdict']}**, "
-        f"recall@10 fp32 {gate['recall_fp32']} vs int8 {gate['recall_int8']}, d = "
+        f"recall@10 fp32 {gate['recall_fp32']} vs {mode} {gate['recall_fast']}, d = "
         f"{gate['d']:+.4%}, one-sided 95% lower bound {lo:+.4%} (90% interval [{lo:+.4%}, "
-        f"{hi:+.4%}]) against -0.1%; n_needed {gate['n_needed']}; calibration "
-        f"{gate['quantization']['calibration_texts']} corpus texts "
-        f"({gate['quantization']['calibration_tokens']} tokens), "
-        f"{gate['quantization']['int8_layers']} layers int8, fp32 kept: "
-        f"{gate['quantization']['fp32_layers'] or 'none'}, worst layer error "
-        f"{gate['worst_layer_error']}"
+        f"{hi:+.4%}]) against -0.1%; n_needed {gate['n_needed']}; {how}"
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -150,3 +151,36 @@ def s3_root(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     root = f"s3://{bucket}/prod"
     write_data(root)
     return root
+
+
+# The reliability figures (tests/reliability/figures.py) are recorded by the process that
+# runs the test: under pytest-xdist each worker hands its rows to the controller, which
+# prints them once for the whole session.
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.reliability import figures
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["reliability_figures"] = json.dumps(figures.ROWS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # xdist controller: a worker finished
+    from tests.reliability import figures
+
+    rows = json.loads(node.workeroutput.get("reliability_figures", "{}"))
+    for kind, found in rows.items():
+        figures.ROWS[kind].extend(found)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    from tests.reliability import figures
+
+    if hasattr(terminalreporter.config, "workeroutput"):
+        return  # a worker's summary is not shown; the controller prints every worker's rows
+    lines = figures.summary_lines()
+    if lines:
+        terminalreporter.section("reliability figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+    figures.write_json()

@@ -283,13 +283,13 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     model.eval()
     packed = uses_packed(model, backend, cfg.packed)
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
-    int8_gate = None
-    if cfg.quantize == "int8":
+    fast_gate = None
+    if cfg.quantize != "none":
         calibration = f"{corpus_dir}/{layout.part_name(calibration_shard)}" if todo else None
-        model, int8_gate = _int8_or_refuse(
-            cfg, store, model, backend, tokenizer, lengths, calibration, prompt
+        model, fast_gate = _fast_mode_or_refuse(
+            cfg, store, model, backend, tokenizer, lengths, calibration, prompt, bool(todo)
         )
-        if int8_gate is not None and int8_gate["verdict"] != "PASS":
+        if fast_gate is not None and fast_gate["verdict"] != "PASS":
             store.write_json(
                 report_rel,
                 {
@@ -299,22 +299,23 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
                     "version": cfg.version,
                     "corpus": cfg.corpus,
                     "quantize": cfg.quantize,
-                    "int8_gate": int8_gate,
+                    f"{cfg.quantize}_gate": fast_gate,
                     "shards_requested": wanted,
                     "shards_done": [],
                     "shards_skipped": skipped,
                     **backend.metadata(),
                 },
             )
+            mode = cfg.quantize
             raise GateRefusedError(
-                f"int8 embeddings refused by the int8 quality gate ({int8_gate['verdict']}): "
-                f"{int8_gate['gate']['reason']}; recall@10 int8 "
-                f"{int8_gate['recall_at_10_int8']} vs fp32 {int8_gate['recall_at_10_fp32']} "
-                f"on {int8_gate['n_queries']} eval queries of dataset {cfg.dataset!r}. "
+                f"{mode} embeddings refused by the {mode} quality gate "
+                f"({fast_gate['verdict']}): {fast_gate['gate']['reason']}; recall@10 {mode} "
+                f"{fast_gate[f'recall_at_10_{mode}']} vs fp32 {fast_gate['recall_at_10_fp32']} "
+                f"on {fast_gate['n_queries']} eval queries of dataset {cfg.dataset!r}. "
                 f"Nothing was written to {store.url(out_dir)}; embed with quantize=none"
                 + (
                     ", or give the gate an eval split as large as it asks for (dataset=...)"
-                    if int8_gate["verdict"] == "INCONCLUSIVE"
+                    if fast_gate["verdict"] == "INCONCLUSIVE"
                     else ""
                 )
                 + f" (report: {store.url(report_rel)})"
@@ -440,7 +441,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
         "compiles": backend.compiles(),
         "quantize": cfg.quantize,
-        "int8_gate": int8_gate,
+        **({f"{cfg.quantize}_gate": fast_gate} if cfg.quantize != "none" else {}),
         **backend.metadata(),
     }
     store.write_json(report_rel, report)
@@ -683,10 +684,10 @@ def _shard_holding(
 
 CALIBRATION_TEXTS = 512
 """Texts of the first shard read to calibrate int8 (at most
-:data:`embedfresh.ml.embedding.int8.CALIBRATION_TOKENS` of their tokens are used)."""
+:data:`embedfresh.ml.embedding.precision.CALIBRATION_TOKENS` of their tokens are used)."""
 
 
-def _int8_or_refuse(
+def _fast_mode_or_refuse(
     cfg: EmbedConfig,
     store: ArtifactStore,
     model: Any,
@@ -695,21 +696,41 @@ def _int8_or_refuse(
     lengths: tuple[int, ...],
     calibration_shard: str | None,
     prompt: str,
+    gated: bool,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """The int8 model, calibrated on the first texts of ``calibration_shard`` (the
-    corpus's first shard), and the int8 quality gate's summary with what was done to each
-    layer (None when no shard is left to embed, so nothing would be published)."""
-    from embedfresh.ml.embedding.int8 import int8_gate, quantize_int8
+    """The fast mode's model (``cfg.quantize``) and its quality gate's summary (None when
+    not ``gated``: no shard is left to embed, so nothing would be published).
 
-    if calibration_shard is None:
-        return quantize_int8(model, backend)[0], None
-    _, texts = read_corpus_shard(store, calibration_shard)
-    calibration, _ = tokenizer([prompt + t for t in texts[:CALIBRATION_TEXTS]])
-    int8, layers = quantize_int8(model, backend, calibration)
-    _, summary = int8_gate(
-        store, cfg.dataset, model, int8, backend, tokenizer, lengths, cfg.token_budget
+    int8 is calibrated on the first texts of ``calibration_shard`` (the corpus's first
+    shard) and its summary says what was done to each layer; bf16's says whether the
+    device runs bf16 natively."""
+    from embedfresh.ml.embedding.precision import fast_mode_gate, quantize_int8, to_bf16
+
+    if cfg.quantize == "bf16":
+        fast, details = to_bf16(model, backend)
+        key = "bf16"
+    elif calibration_shard is None:
+        fast, details = quantize_int8(model, backend)
+        key = "quantization"
+    else:
+        _, texts = read_corpus_shard(store, calibration_shard)
+        calibration, _ = tokenizer([prompt + t for t in texts[:CALIBRATION_TEXTS]])
+        fast, details = quantize_int8(model, backend, calibration)
+        key = "quantization"
+    if not gated:
+        return fast, None
+    _, summary = fast_mode_gate(
+        store,
+        cfg.dataset,
+        model,
+        fast,
+        backend,
+        tokenizer,
+        lengths,
+        cfg.token_budget,
+        mode=cfg.quantize,
     )
-    return int8, {**summary, "quantization": layers}
+    return fast, {**summary, key: details}
 
 
 if __name__ == "__main__":

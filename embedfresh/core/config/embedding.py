@@ -40,18 +40,23 @@ class EmbedConfig(JobConfig):
     packed: bool = True
     """On a CPU/CUDA backend, run the linear layers on the real tokens only, padding
     just for attention (:mod:`embedfresh.ml.embedding.packed`): same vectors, faster by
-    what padding cost (about 1.15x on the benchmark's texts) and, on AVX-512 CPUs, by
-    running the GEMMs on oneDNN (about 2x MKL there; AVX2 CPUs keep MKL, as fast or
-    faster). Ignored on xla/neuron, which keep the static padded shapes."""
+    what padding cost (about 1.15x on the benchmark's texts), by fusing query/key/value
+    and, on AVX-512 AMD CPUs, by running the GEMMs on oneDNN (about 2x MKL there; Intel
+    and AVX2 CPUs keep MKL, as fast or faster). Ignored on xla/neuron, which keep the
+    static padded shapes."""
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
-    quantize: Literal["none", "int8"] = "none"
-    """``int8``: dynamic int8 quantisation of the encoder's linear layers (CPU backend
-    only). The job then first runs the int8 quality gate (recall@10 on the eval split of
-    ``dataset``, int8 against fp32: one-sided non-inferiority at 95%, tolerance 0.001)
-    and writes nothing unless it passes (docs/GATE.md, "int8 embeddings")."""
+    quantize: Literal["none", "int8", "bf16"] = "none"
+    """A fast mode: ``int8``, dynamic int8 quantisation of the encoder's linear layers,
+    calibrated on the corpus's first shard (CPU backend only); ``bf16``, the encoder in
+    bfloat16 (CPU and CUDA backends; fast on CPUs with AMX or AVX512-BF16, where it is
+    about 3x fp32, and emulated, slower than fp32, elsewhere: logged). The job then first
+    runs the fast mode's quality gate (recall@10 on the eval split of ``dataset``, the
+    fast mode against fp32: one-sided non-inferiority at 95%, tolerance 0.001) and writes
+    nothing unless it passes (docs/GATE.md, "Fast modes: int8 and bf16 embeddings")."""
     dataset: str = "products"
-    """Dataset whose eval split the int8 quality gate reads (unused with quantize=none)."""
+    """Dataset whose eval split the fast mode's quality gate reads (unused with
+    quantize=none)."""
     mode: Literal["embed", "plan"] = "embed"
     """``plan``: embed nothing; list the shards whose output is not committed and current
     (the same reuse rule as ``embed``), split them in ``max_children`` slices and write

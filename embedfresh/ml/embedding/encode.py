@@ -57,12 +57,13 @@ def embed_plan(
     import torch
     import torch.nn.functional as F
 
-    from embedfresh.ml.embedding.packed import packed_embed
+    from embedfresh.ml.embedding.packed import fuse_qkv, packed_embed
 
     if uses_packed(model, backend, packed):
+        qkv = fuse_qkv(model.encoder)
 
         def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return packed_embed(model.encoder, ids, mask)
+            return packed_embed(model.encoder, ids, mask, qkv)
     else:
         forward = model.embed
 

@@ -1,6 +1,6 @@
-"""Unpadded ("packed") encoder forward for eager inference, linear layers on oneDNN.
+"""Unpadded ("packed") encoder forward for eager inference: fp32, bf16 or int8 layers.
 
-Two measured savings over :meth:`BertEncoder.forward` on the padded batch, with the
+Measured savings over :meth:`BertEncoder.forward` on the padded batch, with the
 same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999999):
 
 - Padding costs attention only. The linear layers, layer norms and GELU (about 95% of
@@ -9,11 +9,14 @@ same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999
   ``[rows, heads, length, head_dim]`` shape for ``scaled_dot_product_attention`` and
   gathers the result back. Measured on the benchmark texts (1 thread, CPU time):
   1.15x, against 1.19x for no padding at all.
-- On AVX-512 CPUs, fp32 linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
-  GELU fused) rather than to ``aten::linear``, which calls MKL's sgemm: on an AVX-512 AMD
-  EPYC MKL reaches ~100 GFLOP/s a core, oneDNN ~220. On AVX2-only CPUs both reach ~75-80
-  and MKL scales better to 2 threads (measured 2026-11-27, docs/BENCHMARKS.md): there the
-  layers stay on ``aten::linear`` and the gain is packing alone.
+- On AVX-512 AMD CPUs, fp32 linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+  GELU fused) rather than to MKL's sgemm: MKL reaches ~100 GFLOP/s a core there, oneDNN
+  ~220. On Intel CPUs and AVX2-only ones MKL is as fast or faster (:func:`onednn_is_faster`).
+- Query, key and value run as one fused GEMM (:func:`fuse_qkv`); every GEMM runs in
+  fixed-shape chunks accumulated into its output, the attention output's and the FFN
+  output's onto their residual (no separate add).
+- bf16 encoders (the embed job's ``quantize=bf16``) take the same path: GEMMs and
+  attention in bf16 (AMX where the CPU has it), pooling in fp32.
 
 Shapes vary with the number of real tokens: this is for eager CPU/CUDA, never for
 XLA/Neuron or compiled graphs (they take the padded, static-shape path). Quantised
@@ -31,105 +34,190 @@ from torch import nn
 from embedfresh.ml.model.encoder import BertEncoder, BertLayer
 
 
+def _cpu_vendor() -> str:
+    """``vendor_id`` of ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``); "" where
+    there is none to read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 @functools.cache
 def onednn_is_faster() -> bool:
-    """Whether fp32 GEMMs go to oneDNN rather than MKL: where torch dispatches to AVX-512
-    (~2.2x MKL a core on our AMD EPYC) and oneDNN's linear op exists. On AVX2-only CPUs
-    MKL is as fast or faster (measured 2026-11-27 on an AVX2 EPYC: 5% less CPU time for
-    the packed forward at 1 thread, 141 vs 115 GFLOP/s for a 512 x 384 x 1536 GEMM at 2
-    threads; docs/BENCHMARKS.md)."""
+    """Whether fp32 GEMMs go to oneDNN rather than MKL: on non-Intel CPUs where torch
+    dispatches to AVX-512 and oneDNN's linear op exists. MKL takes its AVX-512 kernels on
+    Intel CPUs only: on an AVX-512 AMD EPYC it ran at ~100 GFLOP/s a core against
+    oneDNN's ~220; on an AVX-512 Intel Xeon (Sapphire Rapids) both ran at ~185 and the
+    packed forward was 10% faster on MKL (332 against 302 sentences/s at 2 threads,
+    2026-11-27); on AVX2-only CPUs both reach ~75-80 and MKL scales better to 2 threads
+    (docs/BENCHMARKS.md)."""
     return (
         torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        and _cpu_vendor() != "GenuineIntel"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
 CHUNK_ROWS = 512
-"""Rows go through the GEMMs in chunks of 512, the last one padded to a multiple of
-``ROW_STEP``, so a model sees at most 8 shapes per layer kind. oneDNN JIT-compiles and
-caches a kernel per input shape (about 1 MiB each, up to 1024 of them), and MKL keeps
-work buffers per shape: fed one new row count per batch, the job's peak memory grew by
-~5 MiB a shard either way (oneDNN 2026-11-22; MKL 2026-11-27, +46 MiB over 20 shards of
-the tiny model). GEMMs of 512 rows run as fast as of 4,096 (~220 GFLOP/s a core on
-oneDNN with AVX-512)."""
+"""Rows go through the GEMMs in chunks of at most 512, each a multiple of ``ROW_STEP``
+(the packed matrix is padded to one once per batch), so a model sees at most 8 shapes per
+layer kind. oneDNN JIT-compiles and caches a kernel per input shape (about 1 MiB each,
+up to 1024 of them), and MKL keeps work buffers per shape: fed one new row count per
+batch, the job's peak memory grew by ~5 MiB a shard either way (oneDNN 2026-11-22; MKL
+2026-11-27, +46 MiB over 20 shards of the tiny model). GEMMs of 512 rows run as fast as
+of 4,096 (~220 GFLOP/s a core on oneDNN with AVX-512)."""
 ROW_STEP = 64
+CHUNKED_DTYPES = (torch.float32, torch.bfloat16)
+"""Dense layers of these dtypes run in fixed-shape chunks on the CPU: fp32, and bf16 (the
+``precision=bf16`` fast mode, AMX/AVX512-BF16 GEMMs through oneDNN)."""
 
 
-def _chunked_linear(x: torch.Tensor, layer: nn.Linear, gelu: bool) -> torch.Tensor:
-    onednn = onednn_is_faster()
-    if onednn:
+def _dense(module: nn.Module) -> bool:
+    return type(module) is nn.Linear
+
+
+def _chunked_linear(
+    x: torch.Tensor, layer: nn.Linear, gelu: bool, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """``layer(x)`` (then exact GELU, or plus ``residual``) for ``x`` of a multiple of
+    ``ROW_STEP`` rows, in chunks of at most ``CHUNK_ROWS``: accumulated straight into the
+    output (``addmm_`` onto the bias or residual + bias), or on oneDNN (fp32 on AVX-512,
+    GELU fused) written out chunk by chunk."""
+    rows = x.shape[0]
+    if x.dtype == torch.float32 and onednn_is_faster():
         attr, algorithm = ("gelu", "none") if gelu else ("none", "")
-    out = x.new_empty(x.shape[0], layer.out_features)
-    for start in range(0, x.shape[0], CHUNK_ROWS):
-        part = x[start : start + CHUNK_ROWS]
-        n = part.shape[0]
-        pad = -n % ROW_STEP
-        if pad:
-            part = F.pad(part, (0, 0, 0, pad))
-        if onednn:
+        out = x.new_empty(rows, layer.out_features)
+        for start in range(0, rows, CHUNK_ROWS):
+            part = x[start : start + CHUNK_ROWS]
+            end = start + part.shape[0]
             y = torch.ops.mkldnn._linear_pointwise(
                 part, layer.weight, layer.bias, attr, [], algorithm
             )
-        else:
-            y = F.linear(part, layer.weight, layer.bias)
-            if gelu:
-                y = F.gelu(y)
-        out[start : start + n] = y[:n]
+            if residual is None:
+                out[start:end] = y
+            else:
+                torch.add(y, residual[start:end], out=out[start:end])
+        return out
+    if residual is not None:
+        out = residual + layer.bias if layer.bias is not None else residual.clone()
+    elif layer.bias is not None:
+        out = layer.bias.expand(rows, layer.out_features).contiguous()
+    else:
+        out = x.new_zeros(rows, layer.out_features)
+    weight = layer.weight.t()
+    for start in range(0, rows, CHUNK_ROWS):
+        part = x[start : start + CHUNK_ROWS]
+        out[start : start + part.shape[0]].addmm_(part, weight)
+    if gelu:
+        torch.ops.aten.gelu_(out)
     return out
 
 
-def _linear(module: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
-    """``module(x)`` (then exact GELU); a dense fp32 CPU layer in chunks of fixed shapes,
-    on oneDNN where that is faster (AVX-512) and on MKL elsewhere."""
-    if type(module) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32:
-        return _chunked_linear(x, module, gelu)
+def _linear(
+    module: nn.Module, x: torch.Tensor, gelu: bool = False, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``module(x)``, then exact GELU or plus ``residual``; a dense fp32/bf16 CPU layer in
+    chunks of fixed shapes, fp32 on oneDNN where that is faster (AVX-512), MKL elsewhere."""
+    if _dense(module) and x.device.type == "cpu" and x.dtype in CHUNKED_DTYPES:
+        return _chunked_linear(x, module, gelu, residual)
     out = module(x)
-    return F.gelu(out) if gelu else out
+    if gelu:
+        out = F.gelu(out)
+    return out if residual is None else out + residual
+
+
+def fuse_qkv(encoder: BertEncoder) -> list[nn.Linear | None]:
+    """Per layer, query, key and value as one ``[3 * hidden, hidden]`` layer (one GEMM and
+    one scatter instead of three), or None where they are not all dense (int8)."""
+    fused: list[nn.Linear | None] = []
+    for layer in encoder.encoder.layer:
+        att = layer.attention.self
+        parts = (att.query, att.key, att.value)
+        if not all(_dense(m) and m.bias is not None for m in parts):
+            fused.append(None)
+            continue
+        weight = torch.cat([m.weight.detach() for m in parts])
+        qkv = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+        qkv.weight = nn.Parameter(weight, requires_grad=False)
+        qkv.bias = nn.Parameter(torch.cat([m.bias.detach() for m in parts]), requires_grad=False)
+        fused.append(qkv)
+    return fused
 
 
 def _attention(
     layer: BertLayer,
+    qkv: nn.Linear | None,
     x: torch.Tensor,
+    tokens: int,
     where: torch.Tensor,
     rows: int,
     length: int,
     bias: torch.Tensor,
 ) -> torch.Tensor:
+    """Self-attention of the packed ``x`` (``tokens`` real rows, then padding rows): Q/K/V
+    scattered into the padded batch for ``scaled_dot_product_attention``, the result
+    gathered back into the packed layout."""
     att = layer.attention.self
     d = x.shape[1]
     padded = x.new_zeros(rows * length, 3, d)
-    padded[where, 0] = _linear(att.query, x)
-    padded[where, 1] = _linear(att.key, x)
-    padded[where, 2] = _linear(att.value, x)
-    qkv = padded.view(rows, length, 3, att.heads, d // att.heads).permute(2, 0, 3, 1, 4)
-    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=bias)
-    return out.transpose(1, 2).reshape(rows * length, d)[where]
+    if qkv is not None:
+        padded.index_copy_(0, where, _linear(qkv, x)[:tokens].view(tokens, 3, d))
+    else:
+        for i, module in enumerate((att.query, att.key, att.value)):
+            padded[where, i] = _linear(module, x)[:tokens]
+    heads = padded.view(rows, length, 3, att.heads, d // att.heads).permute(2, 0, 3, 1, 4)
+    out = F.scaled_dot_product_attention(heads[0], heads[1], heads[2], attn_mask=bias)
+    gathered = x.new_empty(x.shape)
+    gathered[tokens:].zero_()
+    torch.index_select(
+        out.transpose(1, 2).reshape(rows * length, d), 0, where, out=gathered[:tokens]
+    )
+    return gathered
 
 
 def _output(block: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``BertSelfOutput`` in eval mode: LayerNorm(dense(h) + residual)."""
-    return block.LayerNorm(_linear(block.dense, h) + residual)
+    return block.LayerNorm(_linear(block.dense, h, residual=residual))
 
 
 def packed_embed(
-    encoder: BertEncoder, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    encoder: BertEncoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    qkv: list[nn.Linear | None] | None = None,
 ) -> torch.Tensor:
-    """L2-normalised mean-pooled embeddings [rows, hidden] of a padded batch, computed
-    on its real tokens only (eval mode: no dropout). Rows without any token (filler of
-    a static-shape batch) come out as zeros."""
+    """L2-normalised mean-pooled fp32 embeddings [rows, hidden] of a padded batch, computed
+    on its real tokens only (eval mode: no dropout), in the encoder's dtype (fp32 or
+    bf16; pooled in fp32). Rows without any token (filler of a static-shape batch) come
+    out as zeros. ``qkv``: :func:`fuse_qkv` of the encoder, made once by the caller (made
+    here when None)."""
+    if qkv is None:
+        qkv = fuse_qkv(encoder)
     rows, length = input_ids.shape
     where = attention_mask.reshape(-1).bool().nonzero().squeeze(1)
+    tokens = where.numel()
     emb = encoder.embeddings
     x = emb.LayerNorm(
         emb.word_embeddings(input_ids.reshape(-1)[where])
         + emb.position_embeddings.weight[where % length]
         + emb.token_type_embeddings.weight[0]
     )
+    # Padding rows (zeros) up to a multiple of ROW_STEP: every GEMM chunk has a fixed shape.
+    # They never reach a real row: linear layers and LayerNorm work row by row, and only
+    # the first ``tokens`` rows go into attention and pooling.
+    x = F.pad(x, (0, 0, 0, -tokens % ROW_STEP))
     bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
-    for layer in encoder.encoder.layer:
-        a = _output(layer.attention.output, _attention(layer, x, where, rows, length, bias), x)
+    for layer, fused in zip(encoder.encoder.layer, qkv, strict=True):
+        h = _attention(layer, fused, x, tokens, where, rows, length, bias)
+        a = _output(layer.attention.output, h, x)
         x = _output(layer.output, _linear(layer.intermediate.dense, a, gelu=True), a)
+    x = x[:tokens].float()  # pooled in fp32 whatever the model's dtype: a bf16 sum drifts
     row = where // length
     pooled = x.new_zeros(rows, x.shape[1]).index_add_(0, row, x)
     counts = torch.bincount(row, minlength=rows).to(x.dtype).clamp(min=1e-9)

@@ -1,6 +1,7 @@
-"""``quantize=int8``: the embed job publishes int8 embeddings only after the int8 quality
-gate (recall@10 on the eval split, int8 not worse than fp32 by more than 0.1%, one-sided at
-95%) passes; otherwise exit 3 and nothing committed."""
+"""The embed job's fast modes, ``quantize=int8`` and ``quantize=bf16``: it publishes their
+embeddings only after the mode's quality gate (recall@10 on the eval split, the fast mode
+not worse than fp32 by more than 0.1%, one-sided at 95%) passes; otherwise exit 3 and
+nothing committed."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from embedfresh.core import cli, layout
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.embed import embed
+from embedfresh.ml.backends import get_backend
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.embedding import int8 as int8_mod
+from embedfresh.ml.embedding import precision
 from embedfresh.ml.gate.decision import GateResult, Mode, Verdict
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
@@ -31,9 +34,9 @@ def _publish(root: str) -> ArtifactStore:
     return store
 
 
-def _run(root: str, *sets: str) -> int:
+def _run(root: str, *sets: str, mode: str = "int8") -> int:
     argv = []
-    for s in (f"artifact_root={root}", "model=tiny", "version=v1", "quantize=int8", *sets):
+    for s in (f"artifact_root={root}", "model=tiny", "version=v1", f"quantize={mode}", *sets):
         argv += ["--set", s]
     return cli.run_job("embed", EmbedConfig, embed, argv)
 
@@ -42,32 +45,38 @@ def _assert_nothing_committed(store: ArtifactStore) -> None:
     assert not [n for n in store.listdir(OUT) if n.endswith((".COMMIT", ".parquet", ".json"))]
 
 
-def _check_matches_verdict(store: ArtifactStore, rc: int, err: str) -> dict:
+def _check_matches_verdict(store: ArtifactStore, rc: int, err: str, mode: str = "int8") -> dict:
     report = store.read_json(REPORT)
-    verdict = report["int8_gate"]
+    verdict = report[f"{mode}_gate"]
+    assert verdict["mode"] == mode
     assert verdict["metric"] == "recall_at_10" and verdict["gate"]["mode"] == "no_regression"
     assert verdict["gate"]["tolerance"] == 0.001 and verdict["n_queries"] > 0
     assert verdict["gate"]["confidence"] == 0.90  # its lower bound: one-sided 95%
     if verdict["verdict"] == "PASS":
-        assert rc == 0 and report["status"] == "ok" and report["quantize"] == "int8"
+        assert rc == 0 and report["status"] == "ok" and report["quantize"] == mode
         assert sorted(n for n in store.listdir(OUT) if n.endswith(".COMMIT")) == [
             f"part-0000{i}.COMMIT" for i in range(3)
         ]
         for i in range(3):
-            assert store.read_json(f"{OUT}/part-0000{i}.COMMIT")["quantize"] == "int8"
+            assert store.read_json(f"{OUT}/part-0000{i}.COMMIT")["quantize"] == mode
     else:
         assert rc == 3, err
-        assert "refused by the int8 quality gate" in err and verdict["verdict"] in err
+        assert f"refused by the {mode} quality gate" in err and verdict["verdict"] in err
         assert report["status"] == "refused" and report["shards_done"] == []
         _assert_nothing_committed(store)
     return verdict
 
 
-def test_int8_embed_obeys_its_gate_verdict(root: str, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("mode", ["int8", "bf16"])
+def test_fast_embed_obeys_its_gate_verdict(
+    root: str, capsys: pytest.CaptureFixture, mode: str
+) -> None:
     store = _publish(root)
-    rc = _run(root)
-    verdict = _check_matches_verdict(store, rc, capsys.readouterr().err)
-    print("tiny int8 gate:", verdict["verdict"], verdict["recall_at_10_int8"])
+    rc = _run(root, mode=mode)
+    verdict = _check_matches_verdict(store, rc, capsys.readouterr().err, mode)
+    print(f"tiny {mode} gate:", verdict["verdict"], verdict[f"recall_at_10_{mode}"])
+    if mode == "bf16":  # whether this CPU runs bf16 GEMMs in hardware, as torch probes it
+        assert verdict["bf16"] == {"native_bf16": precision.native_bf16(get_backend("cpu"))}
 
 
 def test_a_version_whose_int8_loses_recall_is_refused(
@@ -108,15 +117,13 @@ def test_calibration_smooths_activation_outliers(monkeypatch: pytest.MonkeyPatch
     fp32's exactly."""
     import torch
 
-    from embedfresh.ml.backends import get_backend
-
     cpu = get_backend("cpu")
     model = versions.build_model(get_spec("tiny"), 0).eval()
     with torch.no_grad():
         model.encoder.embeddings.LayerNorm.weight[3] = 40.0
     calibration = [[101, *range(1000, 1000 + n), 102] for n in range(8, 60)]
-    plain, plain_info = int8_mod.quantize_int8(model, cpu)
-    smooth, info = int8_mod.quantize_int8(model, cpu, calibration)
+    plain, plain_info = precision.quantize_int8(model, cpu)
+    smooth, info = precision.quantize_int8(model, cpu, calibration)
     layers = {entry["layer"]: entry for entry in info["layers"]}
     for name in ("query", "key", "value"):
         entry = layers[f"encoder.layer.0.attention.self.{name}"]
@@ -131,43 +138,55 @@ def test_calibration_smooths_activation_outliers(monkeypatch: pytest.MonkeyPatch
         near = (smooth.embed(ids, mask) - reference).norm()
     assert near < far / 2, (float(near), float(far))
 
-    monkeypatch.setattr(int8_mod, "MAX_LAYER_ERROR", 0.0)
-    kept, kept_info = int8_mod.quantize_int8(model, cpu, calibration)
+    monkeypatch.setattr(precision, "MAX_LAYER_ERROR", 0.0)
+    kept, kept_info = precision.quantize_int8(model, cpu, calibration)
     assert kept_info["fp32_layers"] == list(layers) and kept_info["int8_layers"] == 0
     with torch.inference_mode():
         assert torch.equal(kept.embed(ids, mask), reference)
 
 
-@pytest.mark.parametrize("verdict", [Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE])
+@pytest.mark.parametrize(
+    ("mode", "verdict"),
+    [
+        ("int8", Verdict.PASS),
+        ("int8", Verdict.FAIL),
+        ("int8", Verdict.INCONCLUSIVE),
+        ("bf16", Verdict.PASS),
+        ("bf16", Verdict.FAIL),
+    ],
+)
 def test_each_verdict_is_obeyed(
-    root: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, verdict: Verdict
+    root: str,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    verdict: Verdict,
 ) -> None:
     """Whatever the real gate says about tiny, every verdict's path is exercised."""
-    real_gate = int8_mod.gate
+    real_gate = precision.gate
 
     def forced(*args, **kwargs) -> GateResult:
         result = real_gate(*args, **kwargs)
         fields = {**result.__dict__, "verdict": verdict, "reason": f"forced {verdict}"}
         return GateResult(**fields)
 
-    monkeypatch.setattr(int8_mod, "gate", forced)
+    monkeypatch.setattr(precision, "gate", forced)
     store = _publish(root)
-    rc = _run(root, "shards=[0,1,2]")
+    rc = _run(root, "shards=[0,1,2]", mode=mode)
     report_path = REPORT.replace("embed.json", "embed-0-2.json")
     err = capsys.readouterr().err
     report = store.read_json(report_path)
-    assert report["int8_gate"]["verdict"] == verdict
+    assert report[f"{mode}_gate"]["verdict"] == verdict
     if verdict is Verdict.PASS:
         assert rc == 0 and report["shards_done"] == [0, 1, 2]
         out = store.read_json(f"{OUT}/part-00000.COMMIT")
-        assert out["quantize"] == "int8"
+        assert out["quantize"] == mode
     else:
         assert rc == 3 and f"forced {verdict}" in err
         _assert_nothing_committed(store)
 
 
 def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
-    from embedfresh.ml.backends import get_backend
     from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
@@ -175,13 +194,53 @@ def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
     version = versions.load(store, "tiny", "v1")
     model = versions.instantiate(version).eval()
     backend = get_backend("cpu")
-    q, _ = int8_mod.quantize_int8(model, backend)
+    q, _ = precision.quantize_int8(model, backend)
     tok = VariableTokenizer(version.tokenizer_json, 32)
     texts = ["wireless headphones", "usb-c cable 2m", "Das ist ein schöner Tag", "x " * 50]
     a = embed_texts(model, backend, tok, texts, (16, 32), 512, 64)
     b = embed_texts(q, backend, tok, texts, (16, 32), 512, 64)
     assert ((a * b).sum(1)).min() > 0.9
     assert not np.array_equal(a, b)  # quantisation did happen
+
+
+def test_bf16_vectors_stay_close_to_fp32(root: str) -> None:
+    """The whole encoder in bf16 (packed forward, fp32 pooling): every vector within
+    cosine 0.999 of fp32's, on long texts, several scripts and a batch of mixed lengths."""
+    from embedfresh.ml.embedding.bucketing import VariableTokenizer
+    from embedfresh.ml.embedding.encode import embed_texts
+
+    store = _publish(root)
+    version = versions.load(store, "tiny", "v1")
+    model = versions.instantiate(version).eval()
+    backend = get_backend("cpu")
+    fast, info = precision.to_bf16(model, backend)
+    assert next(fast.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # a copy: fp32 stays for the gate
+    tok = VariableTokenizer(version.tokenizer_json, 64)  # tiny's max positions
+    texts = [
+        "wireless headphones",
+        "usb-c cable 2m",
+        "Das ist ein schöner Tag in München",
+        "无线蓝牙耳机 主动降噪",
+        "Беспроводные наушники с шумоподавлением",
+        "running shoes " * 40,
+    ] * 20
+    a = embed_texts(model, backend, tok, texts, (16, 32, 64), 1024, 64)
+    b = embed_texts(fast, backend, tok, texts, (16, 32, 64), 1024, 64)
+    assert b.dtype == np.float32 and np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    assert ((a * b).sum(1)).min() > 0.999
+    assert not np.array_equal(a, b)  # bf16 did run
+
+
+def test_bf16_refuses_xla_backends() -> None:
+    class FakeBackend:
+        name = "neuron"
+
+        class device:  # noqa: N801 - mimics torch.device
+            type = "xla"
+
+    with pytest.raises(BadInputError, match="CPU and CUDA backends"):
+        precision.to_bf16(None, FakeBackend())  # type: ignore[arg-type]
 
 
 def test_int8_refuses_non_cpu_backends() -> None:
@@ -192,12 +251,13 @@ def test_int8_refuses_non_cpu_backends() -> None:
             type = "cuda"
 
     with pytest.raises(BadInputError, match="CPU backend only"):
-        int8_mod.quantize_int8(None, FakeBackend())  # type: ignore[arg-type]
+        precision.quantize_int8(None, FakeBackend())  # type: ignore[arg-type]
 
 
 def test_int8_config_is_validated() -> None:
     with pytest.raises(Exception, match="quantize"):
         EmbedConfig(version="v1", quantize="int4")
+    assert EmbedConfig(version="v1", quantize="bf16").quantize == "bf16"
     assert EmbedConfig(version="v1").quantize == "none"
     assert Mode.NO_REGRESSION == "no_regression"
 
