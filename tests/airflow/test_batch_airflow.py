@@ -145,6 +145,12 @@ def test_marking_a_deferred_task_failed_terminates_its_running_job(batch_airflow
             60,
             "the task to defer",
         )
+        # and for the triggerer to run its trigger: Airflow's triggerer cancels (and calls
+        # on_kill of) running triggers only. Marked failed before that (seen on a busy box
+        # under pytest-xdist, 2026-11-27), the trigger is never started and the job runs on.
+        airflow.wait_for(
+            lambda: trigger_started(airflow, DEFERRED, run_id), 60, "the trigger to start"
+        )
         airflow.api(
             "PATCH",
             f"/dags/{DEFERRED}/dagRuns/{run_id}/taskInstances/health",
@@ -158,6 +164,16 @@ def test_marking_a_deferred_task_failed_terminates_its_running_job(batch_airflow
     # The process was stopped, not left to finish: its attempt ended on a signal.
     assert job["attempts"][-1]["container"]["exitCode"] in (137, 143)
     assert len(batch_airflow.submits_of(run_id)) == 1
+
+
+def trigger_started(airflow: AirflowServer, dag_id: str, run_id: str) -> bool:
+    """Whether the triggerer started the trigger of ``run_id``'s first try: its own log
+    file beside the task's (``attempt=1.log.trigger.<id>.log``) says so."""
+    task_dir = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=health"
+    return any(
+        " starting" in path.read_text(errors="replace")
+        for path in task_dir.glob("attempt=1.log.trigger.*.log")
+    )
 
 
 def lose_worker(pid: int) -> list[str]:
