@@ -75,7 +75,7 @@ of 4,096 (~220 GFLOP/s a core on oneDNN with AVX-512)."""
 ROW_STEP = 64
 CHUNKED_DTYPES = (torch.float32, torch.bfloat16)
 """Dense layers of these dtypes run in fixed-shape chunks on the CPU: fp32, and bf16 (the
-``precision=bf16`` fast mode, AMX/AVX512-BF16 GEMMs through oneDNN)."""
+``quantize=bf16`` fast mode, AMX/AVX512-BF16 GEMMs through oneDNN)."""
 
 
 def _dense(module: nn.Module) -> bool:
@@ -87,7 +87,7 @@ def _chunked_linear(
 ) -> torch.Tensor:
     """``layer(x)`` (then exact GELU, or plus ``residual``) for ``x`` of a multiple of
     ``ROW_STEP`` rows, in chunks of at most ``CHUNK_ROWS``: accumulated straight into the
-    output (``addmm_`` onto the bias or residual + bias), or on oneDNN (fp32 on AVX-512,
+    output (``addmm_`` onto the bias or residual + bias), or on oneDNN (fp32 on non-Intel AVX-512,
     GELU fused) written out chunk by chunk."""
     rows = x.shape[0]
     if x.dtype == torch.float32 and onednn_is_faster():
@@ -123,7 +123,7 @@ def _linear(
     module: nn.Module, x: torch.Tensor, gelu: bool = False, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``module(x)``, then exact GELU or plus ``residual``; a dense fp32/bf16 CPU layer in
-    chunks of fixed shapes, fp32 on oneDNN where that is faster (AVX-512), MKL elsewhere."""
+    chunks of fixed shapes, fp32 on oneDNN where that is faster (:func:`onednn_is_faster`)."""
     if _dense(module) and x.device.type == "cpu" and x.dtype in CHUNKED_DTYPES:
         return _chunked_linear(x, module, gelu, residual)
     out = module(x)
