@@ -125,7 +125,22 @@ def marker_numbers(log: str, marker: str) -> list[int]:
 def test_the_jobs_log_is_in_the_task_log_whole_past_one_cloudwatch_page(batch_airflow, dag_id):
     """12,000 lines: more than one GetLogEvents page (10,000 events)."""
     marker = f"marker-{uuid.uuid4().hex[:12]}"
-    run_id = batch_airflow.trigger(dag_id, marker=marker, lines=12000)
+    hold = batch_airflow.hold()
+    run_id = batch_airflow.trigger(dag_id, marker=marker, lines=12000, hold=str(hold))
+    try:
+        if dag_id == DEFERRED:
+            # Airflow 3.3 fails a deferred task whose trigger resumes it before the scheduler
+            # has processed the executor's success event of the deferring process
+            # (apache/airflow#72716, open): seen here under pytest-xdist, where this job of
+            # a few seconds ended before the busy scheduler got to that event. The job holds
+            # until the scheduler has recorded the deferral.
+            batch_airflow.airflow.wait_for(
+                lambda: deferral_processed(batch_airflow.airflow, dag_id, run_id),
+                120,
+                "the scheduler to process the deferring process's exit",
+            )
+    finally:
+        hold.unlink(missing_ok=True)
     run = batch_airflow.airflow.wait_for_run(dag_id, run_id, timeout=240)
     assert run["state"] == "success", batch_airflow.airflow.explain(dag_id, run_id)
     log = batch_airflow.airflow.task_log(dag_id, run_id, "health", 1)
@@ -164,6 +179,17 @@ def test_marking_a_deferred_task_failed_terminates_its_running_job(batch_airflow
     # The process was stopped, not left to finish: its attempt ended on a signal.
     assert job["attempts"][-1]["container"]["exitCode"] in (137, 143)
     assert len(batch_airflow.submits_of(run_id)) == 1
+
+
+def deferral_processed(airflow: AirflowServer, dag_id: str, run_id: str) -> bool:
+    """Whether the scheduler processed the executor's event for ``run_id``'s deferring
+    process while the task was deferred (its "TaskInstance Finished" line says so)."""
+    log = airflow.log_file("scheduler").read_text(errors="replace")
+    return any(
+        f"run_id={run_id}," in line and "state=deferred," in line
+        for line in log.splitlines()
+        if f"TaskInstance Finished: dag_id={dag_id}," in line
+    )
 
 
 def trigger_started(airflow: AirflowServer, dag_id: str, run_id: str) -> bool:
