@@ -6,6 +6,7 @@ nothing committed."""
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,16 +23,10 @@ from embedfresh.ml.embedding import precision
 from embedfresh.ml.gate.decision import GateResult, Mode, Verdict
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
+from tests.test_embed import _publish
 
 OUT = layout.embeddings("tiny", "v1", "products")
 REPORT = "runs/tiny/manual/reports/embed.json"
-
-
-def _publish(root: str) -> ArtifactStore:
-    store = ArtifactStore(root)
-    spec = get_spec("tiny")
-    versions.publish(store, spec, "v1", cpu_state_dict(versions.build_model(spec, 0)), {})
-    return store
 
 
 def _run(root: str, *sets: str, mode: str = "int8") -> int:
@@ -232,26 +227,18 @@ def test_bf16_vectors_stay_close_to_fp32(root: str) -> None:
     assert not np.array_equal(a, b)  # bf16 did run
 
 
-def test_bf16_refuses_xla_backends() -> None:
-    class FakeBackend:
-        name = "neuron"
-
-        class device:  # noqa: N801 - mimics torch.device
-            type = "xla"
-
-    with pytest.raises(BadInputError, match="CPU and CUDA backends"):
-        precision.to_bf16(None, FakeBackend())  # type: ignore[arg-type]
-
-
-def test_int8_refuses_non_cpu_backends() -> None:
-    class FakeBackend:
-        name = "cuda"
-
-        class device:  # noqa: N801 - mimics torch.device
-            type = "cuda"
-
-    with pytest.raises(BadInputError, match="CPU backend only"):
-        precision.quantize_int8(None, FakeBackend())  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("convert", "device", "refusal"),
+    [
+        (precision.to_bf16, "xla", "CPU and CUDA backends"),
+        (precision.quantize_int8, "cuda", "CPU backend only"),
+    ],
+    ids=["bf16-on-xla", "int8-on-cuda"],
+)
+def test_fast_modes_refuse_backends_without_their_kernels(convert, device, refusal) -> None:
+    backend = SimpleNamespace(name=device, device=SimpleNamespace(type=device))
+    with pytest.raises(BadInputError, match=refusal):
+        convert(None, backend)
 
 
 def test_int8_config_is_validated() -> None:
