@@ -93,11 +93,11 @@ def cpu_isa() -> str:
 
     cpu = torch._C._cpu
     probes = (
-        ("AMX", cpu._is_amx_tile_supported),
-        ("AVX512-BF16", cpu._is_avx512_bf16_supported),
-        ("AVX512-VNNI", cpu._is_avx512_vnni_supported),
-    )
-    extras = [name for name, probe in probes if probe()]
+        ("AMX", getattr(cpu, "_is_amx_tile_supported", None)),
+        ("AVX512-BF16", getattr(cpu, "_is_avx512_bf16_supported", None)),
+        ("AVX512-VNNI", getattr(cpu, "_is_avx512_vnni_supported", None)),
+    )  # private probes: torch 2.11 dropped the AMX one
+    extras = [name for name, probe in probes if probe is not None and probe()]
     return " + ".join([torch.backends.cpu.get_cpu_capability(), *extras])
 
 

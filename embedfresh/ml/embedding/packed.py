@@ -165,15 +165,18 @@ def _attention(
     gathered back into the packed layout."""
     att = layer.attention.self
     d = x.shape[1]
-    padded = x.new_zeros(rows * length, 3, d)
     if qkv is not None:
-        padded.index_copy_(0, where, _linear(qkv, x)[:tokens].view(tokens, 3, d))
+        # Under autocast (the cuda backend) the projection comes out in bf16 from fp32 x.
+        projected = _linear(qkv, x)[:tokens].view(tokens, 3, d)
+        padded = projected.new_zeros(rows * length, 3, d)
+        padded.index_copy_(0, where, projected)
     else:
+        padded = x.new_zeros(rows * length, 3, d)
         for i, module in enumerate((att.query, att.key, att.value)):
             padded[where, i] = _linear(module, x)[:tokens]
     heads = padded.view(rows, length, 3, att.heads, d // att.heads).permute(2, 0, 3, 1, 4)
     out = F.scaled_dot_product_attention(heads[0], heads[1], heads[2], attn_mask=bias)
-    gathered = x.new_empty(x.shape)
+    gathered = out.new_empty(x.shape)
     gathered[tokens:].zero_()
     torch.index_select(
         out.transpose(1, 2).reshape(rows * length, d), 0, where, out=gathered[:tokens]
@@ -212,7 +215,10 @@ def packed_embed(
     # They never reach a real row: linear layers and LayerNorm work row by row, and only
     # the first ``tokens`` rows go into attention and pooling.
     x = F.pad(x, (0, 0, 0, -tokens % ROW_STEP))
-    bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+    # The mask in the dtype attention runs in: autocast's (bf16 on cuda) or the model's.
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    bias = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
     for layer, fused in zip(encoder.encoder.layer, qkv, strict=True):
         h = _attention(layer, fused, x, tokens, where, rows, length, bias)
         a = _output(layer.attention.output, h, x)
