@@ -221,7 +221,10 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
         ([pa.table({"id": ["a", ""], "text": ["x", "y"]})], "empty string id (row 1)"),
         ([_table([], [])], "empty corpus shard"),
         ([_table([1, 2, 2], ["a", "b", "c"])], "1 duplicate ids"),
-        ([_table([1, 2], ["a", "b"]), _table([3, 1], ["c", "d"])], "repeats 1 ids of shard"),
+        (
+            [_table([1, 2], ["a", "b"]), _table([3, 1], ["c", "d"])],
+            "share 1 ids",
+        ),
         ([_table([1, 2, 3], ["a", None, "c"])], "1 null texts (first at row 1)"),
         # A string column whose bytes are not UTF-8 (Parquet does not check).
         (
@@ -249,6 +252,27 @@ def test_bad_corpus_exits_2_naming_the_shard(
     assert _in_process(root, "corpus=bad") == 2
     err = capsys.readouterr().err
     assert message in err and "corpora/bad/part-0000" in err, err
+
+
+def test_a_bad_last_shard_is_refused_before_any_shard_is_written(
+    root: str, capsys: pytest.CaptureFixture
+) -> None:
+    """Every shard the task embeds is read and validated (texts, ids, ids across shards)
+    before the model loads: a bad shard at the end leaves no part and no marker behind."""
+    store = _publish(root)
+    good = [
+        _table(list(range(i * 10, i * 10 + 10)), [f"t{j}" for j in range(10)]) for i in range(3)
+    ]
+    for name, last in (
+        ("late-null", _table([90, 91], ["a", None])),
+        ("late-dup", _table([95, 5], ["a", "b"])),  # id 5 is in shard 0
+    ):
+        _corpus(store, name, [*good, last])
+        assert _in_process(root, f"corpus={name}") == 2
+        err = capsys.readouterr().err
+        assert "part-00003" in err or "part-00000" in err, err
+        out = OUT.format(corpus=name)
+        assert not store.exists(out) or store.listdir(out) == [], store.listdir(out)
 
 
 def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:

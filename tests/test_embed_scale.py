@@ -103,11 +103,13 @@ def test_peak_memory_does_not_grow_with_the_corpus(root: str) -> None:
     assert len(small_shards) == 10 and len(big_shards) == 30
     # Within the big run (no start-up noise between processes), over its last 20 shards:
     # the memory after each commit stays put, where a job that kept any shard's texts,
-    # tokens or vectors would climb by ~1 KiB a row; so does the peak. The first shards
-    # step up while the prefetch pipeline and the GEMM libraries' per-shape caches fill
-    # (by up to 50 MiB over the first 6 shards on an AVX-512 Xeon, 2026-11-27), then stay.
+    # tokens or vectors would climb by ~1 KiB a row. The first shards step up while the
+    # prefetch pipeline and the GEMM libraries' per-shape caches fill (by up to 50 MiB
+    # over the first 6 shards on an AVX-512 Xeon, 2026-11-27), then stay. The peak within
+    # the run is not checked: it moves with the prefetch thread's timing (+15.6 MiB over
+    # the last 20 shards once on a 2-core AMD EPYC running the suite and two benches,
+    # flat alone) and hides a per-row leak (below).
     assert _growth(big_shards) <= 8.0, big_shards
-    assert big_shards[-1][1] - big_shards[-21][1] <= 8.0, big_shards
     # Across runs, each process's own peak: 10 shards against 30, both past that step-up
     # (3 shards against 30 failed on a CI host: 686.8 against 710.5 MiB, while the big
     # run was flat over its last 20 shards).

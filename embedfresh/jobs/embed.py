@@ -18,8 +18,11 @@ lists each recomputed shard with the reason. ``_MANIFEST.json`` is written by th
 verifier once every shard is in (:mod:`embedfresh.jobs.embed_verify`); this job removes a
 stale one before it writes anything.
 
-A background thread reads, validates and tokenises the next shard(s) while the current
-one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
+Before the model loads, every shard the task embeds is read and validated once (schema,
+ids, texts) and ids repeated across them are refused, the ids kept on disk
+(:class:`~embedfresh.core.shard_ids.CrossShardIds`): bad input fails with exit 2 before
+the first write, in memory of one shard. A background thread then reads and tokenises
+the next shard(s) while the current one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
 a fixed set of padded lengths under a token budget (:mod:`embedfresh.ml.embedding.bucketing`);
 on CPU/CUDA the batches run unpadded through oneDNN (:mod:`embedfresh.ml.embedding.packed`).
 Memory is bounded by the shard size (at most three shards in flight), never by the
@@ -51,7 +54,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.embed_plan import EmbedPlan, read_plan, slice_count, write_plan
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
-from embedfresh.core.parquet import read_parquet
+from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
     MANIFEST,
     commit_name,
@@ -241,40 +244,19 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         return _write_plan(store, cfg, out_dir, todo, skipped, recomputed, started)
     assert backend is not None
 
+    # Before the model loads or anything is written: every shard this task embeds is
+    # read and validated once, and ids repeated across them are refused (on disk: memory
+    # does not grow with the corpus).
+    _refuse_repeated_ids(store, corpus_dir, available, todo)
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
     prompt = spec.prompt("document")
-    # Sorted ids of the shards read so far, to refuse ids repeated across this task's
-    # shards: 8 bytes a row (int ids) is the only state that grows with the corpus.
-    seen: np.ndarray | None = None
-    read_so_far: list[int] = []
 
     def prepare(index: int) -> PreparedShard:
-        nonlocal seen
         t0 = time.perf_counter()
         rel = f"{corpus_dir}/{available[index]}"
         ids, texts = read_corpus_shard(store, rel)
         if prompt:  # the model's document prompt, as encode_document puts it
             texts = [prompt + t for t in texts]
-        if seen is None:
-            seen = ids[:0]
-        if id_type(seen) != id_type(ids):
-            raise BadInputError(
-                f"corpus shard {store.url(rel)} has {id_type(ids)} ids, shard "
-                f"{available[read_so_far[0]]} has {id_type(seen)} ids: one corpus, one id type"
-            )
-        if len(seen):
-            at = np.searchsorted(seen, ids).clip(max=len(seen) - 1)
-            common = ids[seen[at] == ids]
-            if len(common):
-                other = _shard_holding(store, corpus_dir, available, read_so_far, common[0])
-                raise BadInputError(
-                    f"corpus shard {store.url(rel)} repeats {len(common)} ids of shard "
-                    f"{other} (e.g. {common[:5].tolist()}): ids must be unique"
-                )
-        merged = np.concatenate([seen, ids])
-        merged.sort()
-        seen = merged
-        read_so_far.append(index)
         token_ids, truncated = tokenizer(texts)
         plan = make_batches(token_ids, lengths, cfg.token_budget, static=cfg.static_batches)
         return PreparedShard(index, ids, plan, truncated, time.perf_counter() - t0)
@@ -666,20 +648,36 @@ def _rss_mib() -> tuple[float, float]:
     return peak, peak
 
 
-def _shard_holding(
-    store: ArtifactStore,
-    corpus_dir: str,
-    available: dict[int, str],
-    indices: list[int],
-    id_: int | str,
-) -> str:
-    """Name of the first of ``indices``' corpus shards holding ``id_`` (error path only:
-    re-reads their id columns rather than keeping every shard's ids in memory)."""
-    for i in indices:
-        ids = read_parquet(store, f"{corpus_dir}/{available[i]}").column("id")
-        if id_ in ids.to_pylist():
-            return available[i]
-    return "?"
+def _refuse_repeated_ids(
+    store: ArtifactStore, corpus_dir: str, available: dict[int, str], shards: list[int]
+) -> None:
+    """Read and validate each of ``shards`` (:func:`read_corpus_shard`), one at a time,
+    and refuse (exit 2) ids of two id types or ids repeated across them. The ids go to
+    disk, hash-partitioned (:class:`~embedfresh.core.shard_ids.CrossShardIds`, as verify
+    checks the whole corpus), so memory is one shard whatever the task's size; the cost
+    is one more read of each shard (``prepare`` reads it again to embed it)."""
+    if not shards:
+        return
+    first: tuple[int, pa.DataType] | None = None
+    with CrossShardIds() as on_disk:
+        for index in shards:
+            ids, _ = read_corpus_shard(store, f"{corpus_dir}/{available[index]}")
+            if first is None:
+                first = (index, id_type(ids))
+            elif id_type(ids) != first[1]:
+                raise BadInputError(
+                    f"corpus shard {store.url(f'{corpus_dir}/{available[index]}')} has "
+                    f"{id_type(ids)} ids, shard {available[first[0]]} has {first[1]} ids: "
+                    "one corpus, one id type"
+                )
+            on_disk.add(index, ids)
+        found = on_disk.duplicates(examples=5)
+    if found.count:
+        where = ", ".join(store.url(f"{corpus_dir}/{available[i]}") for i in found.shards)
+        raise BadInputError(
+            f"corpus shards {where} share {found.count} ids (e.g. {found.examples}): ids "
+            "must be unique across the shards to embed"
+        )
 
 
 CALIBRATION_TEXTS = 512
