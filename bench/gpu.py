@@ -295,7 +295,7 @@ def main() -> None:
                 2 if args.quick else 10,
                 tuple(args.train_variants.split(",")),
             )
-            best_fill = max(r["utilisation"] for r in rows if r["batch"] == args.fill_batch)
+            best_fill = max(r["utilisation"] for r in rows if r["length"] == args.fill_length)
             body += [
                 table(
                     [

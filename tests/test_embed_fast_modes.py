@@ -227,11 +227,15 @@ def test_bf16_vectors_stay_close_to_fp32(root: str) -> None:
     assert not np.array_equal(a, b)  # bf16 did run
 
 
-def test_packed_forward_under_autocast_as_the_cuda_backend_runs_it(root, monkeypatch) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "separate-qkv"])
+def test_packed_forward_under_autocast_as_the_cuda_backend_runs_it(
+    root, monkeypatch, fused: bool
+) -> None:
     """The cuda backend embeds fp32 weights under bf16 autocast, its layers called whole
     (no CPU chunks): the projections come out in bf16 from fp32 activations. Emulated on
-    the CPU with CPU autocast; every vector within cosine 0.999 of fp32's (before the fix,
-    ``index_copy_`` refused to mix the dtypes on an H200)."""
+    the CPU with CPU autocast, with Q/K/V fused and as three layers; every vector within
+    cosine 0.999 of fp32's (before the fix, ``index_copy_`` refused to mix the dtypes on
+    an H200)."""
     from embedfresh.ml.embedding import packed
     from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
@@ -243,6 +247,8 @@ def test_packed_forward_under_autocast_as_the_cuda_backend_runs_it(root, monkeyp
     texts = ["wireless headphones", "无线蓝牙耳机 主动降噪", "running shoes " * 40] * 10
     reference = embed_texts(model, get_backend("cpu"), tok, texts, (16, 64), 1024, 64)
     monkeypatch.setattr(packed, "CHUNKED_DTYPES", ())  # layers called whole, as on cuda
+    if not fused:
+        monkeypatch.setattr(packed, "fuse_qkv", lambda encoder: [None] * len(encoder.encoder.layer))
     autocast = get_backend("cpu")
     autocast.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     mixed = embed_texts(model, autocast, tok, texts, (16, 64), 1024, 64)

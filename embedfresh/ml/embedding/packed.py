@@ -171,9 +171,10 @@ def _attention(
         padded = projected.new_zeros(rows * length, 3, d)
         padded.index_copy_(0, where, projected)
     else:
-        padded = x.new_zeros(rows * length, 3, d)
-        for i, module in enumerate((att.query, att.key, att.value)):
-            padded[where, i] = _linear(module, x)[:tokens]
+        projected = [_linear(m, x)[:tokens] for m in (att.query, att.key, att.value)]
+        padded = projected[0].new_zeros(rows * length, 3, d)
+        for i, part in enumerate(projected):
+            padded[where, i] = part
     heads = padded.view(rows, length, 3, att.heads, d // att.heads).permute(2, 0, 3, 1, 4)
     out = F.scaled_dot_product_attention(heads[0], heads[1], heads[2], attn_mask=bias)
     gathered = out.new_empty(x.shape)
