@@ -23,7 +23,8 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.embed import embed
 from embedfresh.jobs.embed_verify import verify
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.embedding.bucketing import make_batches, padded_lengths
+from embedfresh.ml.embedding import bucketing
+from embedfresh.ml.embedding.bucketing import VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
 from embedfresh.ml.model.tokenizer import TextTokenizer
@@ -108,6 +109,40 @@ def test_bucketing_static_shapes_and_order() -> None:
         assert b.attention_mask[b.real :].sum() == 0  # dummy rows
     assert plan.real_tokens == sum(map(len, tokens))
     assert plan.padded_tokens == sum(b.input_ids.size for b in plan.batches)
+
+
+def test_token_ids_in_chunks_equal_the_tokenizers_own_and_batch_alike(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenised in chunks into one int32 array: the same ids, truncations and batches as
+    the tokenizer's own per-text lists, across chunk boundaries, for any text."""
+    version = versions.load(_publish(root), "tiny", "v1")
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_str(version.tokenizer_json.decode())
+    reference.no_padding()
+    reference.enable_truncation(max_length=20)
+    texts = [
+        f"{i} " + ("boots waterproof, Größe 42 " * (i % 9)) + ("長靴 " if i % 3 else "ботинки ")
+        for i in range(23)
+    ] + ["", "x " * 500]
+    expected = [e.ids for e in reference.encode_batch(texts)]
+    monkeypatch.setattr(bucketing, "TOKENIZE_CHUNK", 4)  # 7 chunks, the last of 1 text
+    ids, truncated = VariableTokenizer(version.tokenizer_json, 20)(texts)
+
+    assert len(ids) == len(texts) and ids.flat.dtype == np.int32
+    assert [t.tolist() for t in ids] == expected  # iteration
+    assert [ids[i].tolist() for i in range(-len(texts), len(texts))] == expected * 2
+    with pytest.raises(IndexError):
+        ids[len(texts)]
+    assert truncated == sum(1 for t in expected if len(t) == 20) > 1
+    as_arrays = make_batches(ids, (8, 20), token_budget=64)
+    as_lists = make_batches(expected, (8, 20), token_budget=64)
+    assert len(as_arrays.batches) == len(as_lists.batches)
+    for a, b in zip(as_arrays.batches, as_lists.batches, strict=True):
+        assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.index, b.index)
+    empty, none = VariableTokenizer(version.tokenizer_json, 20)([])
+    assert len(empty) == 0 and none == 0 and make_batches(empty, (8, 20), 64).batches == []
 
 
 def test_embed_matches_corpus_and_single_text_embedding(root: str) -> None:
@@ -284,7 +319,15 @@ def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:
     report = store.read_json("runs/tiny/manual/reports/embed.json")
     assert report["truncated"] == 2 and report["rows"] == 4
     assert report["max_length"] == 64 and report["truncated_per_shard"] == {"0": 2}
+    assert report["truncated_reused"] == 0
     assert verify(_cfg(root, corpus="long"))["rows"] == 4
+
+    # A re-run reuses the shard and embeds nothing, but its report still says that the
+    # output it stands for holds two cut texts (from the shard's commit marker).
+    assert _in_process(root, "corpus=long", "run_id=again") == 0
+    again = store.read_json("runs/tiny/again/reports/embed.json")
+    assert again["shards_skipped"] == [0] and again["truncated"] == 0
+    assert again["truncated_reused"] == 2 and again["rows_reused"] == 4
 
 
 def test_verify_refuses_gaps_and_bad_vectors(root: str, capsys: pytest.CaptureFixture) -> None:

@@ -227,6 +227,15 @@ def test_integer_and_string_ids_keep_their_type_and_mixed_ids_are_refused(root: 
     _write_shards(store, "mixed", [(uuids[:15], texts[:15]), (list(range(15)), texts[15:])])
     mixed = run_job("embed", *sets[:3], "corpus=mixed")
     assert mixed.returncode == 2 and "one id type" in mixed.stderr
+    assert "part-00001.parquet has int64 ids, shard part-00000.parquet has string" in mixed.stderr
+    # Embedded by two tasks that each see one type (an array's children), the verifier
+    # refuses the corpus and names the first shard of each type.
+    for shard in (0, 1):
+        assert run_job("embed", *sets[:3], "corpus=mixed", f"shards=[{shard}]").returncode == 0
+    verified = run_job("embed_verify", *sets[:3], "corpus=mixed")
+    assert verified.returncode == 2
+    expected = "mix int64 and string ids (first of each: part-00000.parquet string, part-00001"
+    assert expected in verified.stderr
 
 
 def test_a_length_beyond_the_model_or_a_missing_version_is_refused_before_any_write(

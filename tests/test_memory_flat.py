@@ -233,5 +233,9 @@ def test_partitions_over_the_budget_are_split_and_still_find_every_repeat(
 def test_mixed_id_types_are_flagged_not_compared(tmp_path: Path) -> None:
     with CrossShardIds(str(tmp_path)) as seen:
         seen.add(0, np.array([1, 2], dtype=np.int64))
+        assert not seen.mixed
         seen.add(1, np.array(["1", "2"]))
+        seen.add(2, np.array(["3"]))
         assert seen.mixed and seen.duplicates().count == 0
+        # The first shard of each type, in the order met: the two a message names.
+        assert seen.first_shard == {"int64": 0, "string": 1}

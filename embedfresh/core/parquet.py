@@ -1,6 +1,10 @@
-"""Reading one Parquet object of the artifact store safely (torch-free)."""
+"""Reading one Parquet object of the artifact store safely, and Arrow's allocator for
+jobs that stream many of them (torch-free)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,3 +33,21 @@ def read_parquet(store: ArtifactStore, rel: str) -> pa.Table:
         return pq.read_table(pa.BufferReader(out.getvalue()))
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInputError(f"{store.url(rel)} is not a readable Parquet file: {e}") from e
+
+
+@contextlib.contextmanager
+def system_memory_pool() -> Iterator[None]:
+    """Arrow allocates from the C allocator while inside (every thread: the pool is
+    process-wide), then the previous pool again.
+
+    Arrow's default pool (mimalloc in the pyarrow wheels) keeps pages of every size class
+    it has used, so a job that reads shard after shard of varying sizes holds a high-water
+    mark that creeps with their number: the embed job's peak RSS grew 2.9% from 100,000 to
+    1,000,000 rows on it, 0.8% on the C allocator, which hands large blocks back at once
+    (docs/BENCHMARKS.md, 2026-11-27)."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)

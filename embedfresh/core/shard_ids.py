@@ -8,7 +8,8 @@ than ``budget_bytes`` on disk is split again with an independent hash (streamed,
 groups of :data:`FLUSH_ROWS` rows) until each piece fits. Memory: one shard's ids plus at
 most :data:`FLUSH_ROWS` gathered ids while adding, then one partition of at most
 ``budget_bytes`` (a few times that while sorting it), whatever the number of rows or
-shards; Arrow allocates from the C allocator meanwhile (:func:`_system_pool`). Disk:
+shards; Arrow allocates from the C allocator meanwhile
+(:func:`~embedfresh.core.parquet.system_memory_pool`). Disk:
 about the id column's bytes plus 4 bytes a row (int64 ids: ~13 GB at a billion rows,
 split twice), under ``TMPDIR`` unless told otherwise, removed by
 :meth:`CrossShardIds.close`. Torch-free.
@@ -16,17 +17,17 @@ split twice), under ``TMPDIR`` unless told otherwise, removed by
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from embedfresh.core.parquet import system_memory_pool
 
 PARTITIONS = 64
 """Files the ids are hashed into, at each level (a power of two)."""
@@ -67,19 +68,6 @@ def _hash(ids: np.ndarray, level: int) -> np.ndarray:
         return _mix(h)
 
 
-@contextlib.contextmanager
-def _system_pool() -> Iterator[None]:
-    """Arrow allocations from the C allocator while inside: it hands large blocks back at
-    once, where the default pool (mimalloc) keeps pages of every size class it has used,
-    a high-water mark that grows with the partitions' sizes."""
-    previous = pa.default_memory_pool()
-    pa.set_memory_pool(pa.system_memory_pool())
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(previous)
-
-
 def _as_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ids = column.to_numpy(zero_copy_only=False)
     return ids.astype(str) if ids.dtype == object else ids
@@ -102,7 +90,8 @@ class CrossShardIds:
 
     Use as a context manager (the directory is removed on exit), :meth:`add` each
     shard's ids (one id type for all: int64 or ``str``; a shard of the other type marks
-    the set :attr:`mixed` and is not kept), then call :meth:`duplicates` once.
+    the set :attr:`mixed`, is named in :attr:`first_shard`, and is not kept), then call
+    :meth:`duplicates` once.
 
     :param directory: where the temporary directory goes (default: ``TMPDIR``).
     :param budget_bytes: largest partition file checked in memory (bytes).
@@ -126,12 +115,18 @@ class CrossShardIds:
         self._writers: list[tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = []
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._pending_rows = 0
-        self.mixed = False
-        """True once shards of both id types were added."""
+        self.first_shard: dict[str, int] = {}
+        """The first shard added of each id type (``"int64"``, ``"string"``), in the
+        order met: a caller names the two shards that disagree."""
         self.rows = 0
         """Ids added."""
         self.splits = 0
         """Partitions that were over the budget and were split (for tests and logs)."""
+
+    @property
+    def mixed(self) -> bool:
+        """True once shards of both id types were added."""
+        return len(self.first_shard) > 1
 
     def __enter__(self) -> CrossShardIds:
         return self
@@ -176,16 +171,16 @@ class CrossShardIds:
 
     def add(self, shard: int, ids: np.ndarray) -> None:
         """Keep one shard's ids (int64 or numpy ``str``) on disk."""
-        with _system_pool():
+        with system_memory_pool():
             self._add(shard, ids)
 
     def _add(self, shard: int, ids: np.ndarray) -> None:
         id_type = pa.string() if ids.dtype.kind == "U" else pa.int64()
+        self.first_shard.setdefault(str(id_type), shard)
         if self._schema is None:
             self._schema = pa.schema([("id", id_type), ("shard", pa.int32())])
             self._writers = self._open("p")
         elif self._schema.field("id").type != id_type:
-            self.mixed = True
             return
         if len(ids):
             self._pending.append((ids, np.full(len(ids), shard, np.int32)))
@@ -206,7 +201,7 @@ class CrossShardIds:
         found = Duplicates()
         if self._schema is None or self.mixed:
             return found
-        with _system_pool():
+        with system_memory_pool():
             self._flush()
             self._close_writers()
             for k in range(self.partitions):

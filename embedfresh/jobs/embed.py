@@ -22,12 +22,12 @@ Before the model loads, every shard the task embeds is read and validated once (
 ids, texts) and ids repeated across them are refused, the ids kept on disk
 (:class:`~embedfresh.core.shard_ids.CrossShardIds`): bad input fails with exit 2 before
 the first write, in memory of one shard. A background thread then reads and tokenises
-the next shard(s) while the current one is embedded (queue of ``prefetch`` shards). Texts are bucketed by token length into
-a fixed set of padded lengths under a token budget (:mod:`embedfresh.ml.embedding.bucketing`);
-on CPU/CUDA the batches run unpadded through oneDNN (:mod:`embedfresh.ml.embedding.packed`).
-Memory is bounded by the shard size (at most three shards in flight), never by the
-corpus: each commit logs the resident memory and its peak so far, and the report carries
-``peak_rss_mib``.
+the next shard(s) while the current one is embedded (queue of ``prefetch`` shards).
+Texts are bucketed by token length into a fixed set of padded lengths under a token
+budget (:mod:`embedfresh.ml.embedding.bucketing`); on CPU/CUDA the batches run unpadded
+(:mod:`embedfresh.ml.embedding.packed`). Memory is bounded by the shard size (at most
+three shards in flight), never by the corpus: each commit logs the resident memory and
+its peak so far, and the report carries ``peak_rss_mib``.
 Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
 """
 
@@ -54,6 +54,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.embed_plan import EmbedPlan, read_plan, slice_count, write_plan
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.parquet import system_memory_pool
 from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
     MANIFEST,
@@ -163,6 +164,15 @@ class _Prefetcher:
 
 def embed(cfg: EmbedConfig) -> dict[str, Any]:
     """Embed corpus shards with a model version; skip shards already committed."""
+    # Arrow on the C allocator: its default pool's high-water mark creeps with the number
+    # of shards read. ARROW_DEFAULT_MEMORY_POOL, when set, is the operator's choice.
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return _embed(cfg)
+    with system_memory_pool():
+        return _embed(cfg)
+
+
+def _embed(cfg: EmbedConfig) -> dict[str, Any]:
     from embedfresh.ml.backends import get_backend, resolve_name
     from embedfresh.ml.model import versions
 
@@ -235,11 +245,18 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         log.warning("shard %d is recomputed: %s", item["shard"], item["reason"])
     if skipped:
         log.info(
-            "%d shard(s) committed and current in %s: reused (%s)",
+            "%d shard(s) committed and current in %s: reused (%s), %d rows",
             len(skipped),
             store.url(out_dir),
             _ranges(skipped),
+            status.reused_rows,
         )
+        if status.reused_truncated:
+            log.warning(
+                "%d texts of the reused shards were truncated when they were embedded "
+                "(their commit markers; counted in the report as truncated_reused)",
+                status.reused_truncated,
+            )
     if cfg.mode == "plan":
         return _write_plan(store, cfg, out_dir, todo, skipped, recomputed, started)
     assert backend is not None
@@ -399,6 +416,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         "shards_skipped": skipped,
         "shards_recomputed": recomputed,
         **totals,
+        "rows_reused": status.reused_rows,
+        "truncated_reused": status.reused_truncated,
         "truncated_per_shard": {str(i): c for i, c in truncated_per_shard.items()},
         "padding_efficiency": (
             round(totals["real_tokens"] / totals["padded_tokens"], 6)
@@ -432,6 +451,7 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
         **(_child_facts(cfg) if cfg.plan else {}),
         "rows": totals["rows"],
         "truncated": totals["truncated"],
+        "truncated_reused": status.reused_truncated,
         "shards_done": done,
         "shards_skipped": skipped,
         "shards_recomputed": [r["shard"] for r in recomputed],
@@ -448,6 +468,11 @@ class ShardStatus:
     skipped: list[int]
     todo: list[int]
     recomputed: list[dict[str, Any]]
+    reused_rows: int = 0
+    """Rows of the skipped shards (their markers)."""
+    reused_truncated: int = 0
+    """Texts truncated in the skipped shards when they were embedded (their markers): a
+    re-run's report counts the cuts in its output, not only in what it embedded."""
 
 
 #: Shards whose key and marker are read at once (each is two HEADs and one GET on S3).
@@ -474,7 +499,7 @@ def shard_status(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(i: int) -> tuple[int, dict[str, Any], str | None]:
+    def one(i: int) -> tuple[int, dict[str, Any], str | None, dict[str, Any]]:
         key = reuse_key(
             store=store,
             source_rel=f"{corpus_dir}/{available[i]}",
@@ -488,21 +513,24 @@ def shard_status(
             reason = None if check.ok else f"output does not verify: {check.reason}"
         elif reason is None:
             reason = _size_problem(store, out_dir, marker or {})
-        return i, key, reason
+        return i, key, reason, marker or {}
 
     with ThreadPoolExecutor(max_workers=max(1, min(STATUS_THREADS, len(wanted)))) as pool:
         results = list(pool.map(one, wanted))
     keys: dict[int, dict[str, Any]] = {}
     skipped, todo, recomputed = [], [], []
-    for i, key, reason in results:
+    reused_rows = reused_truncated = 0
+    for i, key, reason, marker in results:
         keys[i] = key
         if reason is None:
             skipped.append(i)
+            reused_rows += int(marker.get("rows", 0))
+            reused_truncated += int(marker.get("truncated", 0))
             continue
         todo.append(i)
         if reason != "not committed":
             recomputed.append({"shard": i, "reason": reason})
-    return ShardStatus(keys, skipped, todo, recomputed)
+    return ShardStatus(keys, skipped, todo, recomputed, reused_rows, reused_truncated)
 
 
 def _size_problem(store: ArtifactStore, out_dir: str, marker: dict[str, Any]) -> str | None:
@@ -659,19 +687,17 @@ def _refuse_repeated_ids(
     if not shards:
         return
     started = time.perf_counter()
-    first: tuple[int, pa.DataType] | None = None
     with CrossShardIds() as on_disk:
         for index in shards:
             ids, _ = read_corpus_shard(store, f"{corpus_dir}/{available[index]}")
-            if first is None:
-                first = (index, id_type(ids))
-            elif id_type(ids) != first[1]:
+            on_disk.add(index, ids)
+            if on_disk.mixed:
+                (kept, first), (other, _) = on_disk.first_shard.items()
                 raise BadInputError(
                     f"corpus shard {store.url(f'{corpus_dir}/{available[index]}')} has "
-                    f"{id_type(ids)} ids, shard {available[first[0]]} has {first[1]} ids: "
+                    f"{other} ids, shard {available[first]} has {kept} ids: "
                     "one corpus, one id type"
                 )
-            on_disk.add(index, ids)
         found = on_disk.duplicates(examples=5)
         rows = on_disk.rows
     if found.count:

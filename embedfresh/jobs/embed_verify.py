@@ -177,7 +177,10 @@ def verify(cfg: EmbedConfig) -> dict[str, Any]:
             padded_tokens += int(marker.get("padded_tokens", 0))
             truncated += int(marker.get("truncated", 0))
         if shard_ids.mixed:
-            problems.append("corpus shards mix int64 and string ids")
+            named = ", ".join(
+                f"{layout.part_name(i)} {t}" for t, i in shard_ids.first_shard.items()
+            )
+            problems.append(f"corpus shards mix int64 and string ids (first of each: {named})")
         else:
             # On disk, hash-partitioned: memory bounded whatever the corpus's size.
             dups = shard_ids.duplicates()
