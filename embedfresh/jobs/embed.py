@@ -451,6 +451,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         **(_child_facts(cfg) if cfg.plan else {}),
         "rows": totals["rows"],
         "truncated": totals["truncated"],
+        "rows_reused": status.reused_rows,
         "truncated_reused": status.reused_truncated,
         "shards_done": done,
         "shards_skipped": skipped,

@@ -91,10 +91,9 @@ ATTEMPT = {
 
 
 #: The embed job reports what *this attempt* embedded (a re-run embeds only the shards
-#: not yet committed): its counters differ by design; which shards are committed must not.
+#: not yet committed): its counters differ by design; which shards are committed must not,
+#: nor the rows and truncated texts of the whole output (embedded plus reused).
 EMBED_ATTEMPT = {
-    "rows",
-    "truncated",
     "truncated_per_shard",
     "real_tokens",
     "padded_tokens",
@@ -107,6 +106,8 @@ EMBED_ATTEMPT = {
 
 def _embed_report(doc: dict) -> dict:
     doc = {k: v for k, v in doc.items() if k not in EMBED_ATTEMPT}
+    doc["rows_in_output"] = doc.pop("rows", 0) + doc.pop("rows_reused", 0)
+    doc["truncated_in_output"] = doc.pop("truncated", 0) + doc.pop("truncated_reused", 0)
     doc["shards_committed"] = sorted(doc.pop("shards_done", []) + doc.pop("shards_skipped", []))
     return doc
 
