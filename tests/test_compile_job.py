@@ -48,7 +48,12 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     store = ArtifactStore(root)
     assert markers.verify(store, entry).ok
     marker = markers.read_marker(store, entry)
-    assert set(marker["files"]) == {"mega-cache.bin", "inductor-cache.tar.gz"}
+    assert set(marker["files"]) == {"mega-cache.bin", "inductor-cache.tar.gz", "vec-isa.json"}
+    # Inductor's check of this x86 CPU's vector ISAs ran before the trial, all passed
+    # (g++ builds AVX2/AVX-512 kernels here), and the trial compiled as a restore will.
+    vec_isa = report["vec_isa"]
+    assert vec_isa["offered"] and vec_isa["valid"] == vec_isa["offered"], vec_isa
+    assert vec_isa["vec_isa_ok"] is True and vec_isa["check_seconds"] > 0
     assert report["size_bytes"] == sum(f["size"] for f in marker["files"].values()) > 0
     assert report["created_at"].endswith("Z")
     # the trial trained in a throwaway store: nothing of it in the real one
@@ -71,6 +76,11 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     assert cache["hit"] is True and cache["key"] == report["key"]
     assert any(fresh.iterdir()), "the inductor archive was not extracted into the fresh dir"
     assert train_report["compiles_after_warmup"] == 0
+    # The warm start skipped the ISA check and still found every graph: inductor's config
+    # is in its cache keys, so setting vec_isa_ok on this side alone would miss them all.
+    assert cache["vec_isa_check_skipped"] is True
+    found = train_report["compile"]["graph_cache"]
+    assert found["autograd_cache_hits"] >= 1 and found["autograd_cache_misses"] == 0, found
     warm = train_report["seconds_to_first_step"]
     assert warm < 0.75 * cold, f"warm start {warm} s is not well under cold {cold} s"
 

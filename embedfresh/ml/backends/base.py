@@ -135,6 +135,22 @@ class Backend(abc.ABC):
 
         return int(counters["stats"]["unique_graphs"])
 
+    def graph_cache(self) -> dict[str, int] | None:
+        """Under torch.compile, how its graphs were found: AOTAutograd's and inductor's
+        FX graph caches, hits and misses (a warm start that recompiled shows misses);
+        None when nothing was compiled."""
+        if not self.compiled:
+            return None
+        from torch._dynamo.utils import counters  # noqa: PLC0415
+
+        aot, fx = counters["aot_autograd"], counters["inductor"]
+        return {
+            "autograd_cache_hits": int(aot["autograd_cache_hit"]),
+            "autograd_cache_misses": int(aot["autograd_cache_miss"]),
+            "fx_graph_cache_hits": int(fx["fxgraph_cache_hit"]),
+            "fx_graph_cache_misses": int(fx["fxgraph_cache_miss"]),
+        }
+
     def after_step(self, closure: Callable[..., None], *args: Any) -> None:
         """Run ``closure(*args)`` once the step's values can be read; eager: right now."""
         closure(*args)

@@ -2,8 +2,9 @@
 
 It hashes the model config (architecture), the batch shape and sequence length of the
 training and evaluation steps, what else changes the traced program (contrastive term,
-dropout, data-parallel world size), the backend, the compile mode and flags, and the
-versions of every library that generates code (python, torch, torch-xla, Neuron's).
+dropout, data-parallel world size), the backend, the compile mode and flags, the
+versions of every library that generates code (python, torch, torch-xla, Neuron's), and
+on the cpu backend the CPU's feature flags (its kernels are built for this CPU).
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def cpu_flags_digest() -> str:
+    """A short digest of this CPU's feature flags (``/proc/cpuinfo``), "" where there are
+    none to read. On the cpu backend inductor builds its kernels with ``-march=native``
+    and keys them by that option, not by what it resolved to: an entry built on a CPU
+    with instructions this one lacks (AVX512-FP16, AMX) would load and fault."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    flags = sorted(set(line.split(":", 1)[1].split()))
+                    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return ""
+
+
 def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> dict[str, Any]:
     """Everything the key hashes, as the compile report shows it."""
     spec, _ = versions.resolve_model(ArtifactStore(cfg.artifact_root), cfg.model)
@@ -49,6 +66,7 @@ def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) ->
         "mode": mode,
         "flags": cfg.neuron_cc_flags if backend == "neuron" else "dynamic=False",
         "versions": library_versions(),
+        **({"cpu_flags": cpu_flags_digest()} if backend == "cpu" else {}),
     }
 
 

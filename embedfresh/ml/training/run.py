@@ -318,7 +318,7 @@ class TrainingRun:
             "config_hash": plan.config_hash,
             "compiles_after_warmup": stats.compiles_after_warmup,
             "compiles": backend.compiles(),
-            "compile": self.compile_info,
+            "compile": {**self.compile_info, "graph_cache": backend.graph_cache()},
             "seconds_to_first_step": None
             if first_step_seconds is None
             else round(first_step_seconds, 3),
