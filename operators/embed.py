@@ -387,6 +387,8 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
             "slices": plan.slices,
             "shards_pending": len(plan.shards),
             "shards_reused": len(plan.reused),
+            "rows_reused": plan.reused_rows,
+            "truncated_reused": plan.reused_truncated,
             "shards_recomputed": len(plan.recomputed),
         }
         return self._combined(planned, summaries, self._job_details)
@@ -427,6 +429,10 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
             "shards_recomputed": planned.get("shards_recomputed", 0),
             "rows": sum(int(c.get("rows", 0)) for c in children),
             "truncated": sum(int(c.get("truncated", 0)) for c in children),
+            # Texts cut in the shards reused (at planning time, or by a child), from their
+            # commit markers: the output holds them too.
+            "rows_reused": _reused(planned, children, "rows_reused"),
+            "truncated_reused": _reused(planned, children, "truncated_reused"),
             "output": planned.get("output") or (children[0].get("output") if children else None),
             "aws_batch_job_id": details.get("aws_batch_job_id"),
         }
@@ -445,6 +451,12 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
         if planner is not None:
             planner.kill()
         super().on_kill()
+
+
+def _reused(planned: dict, children: list[dict], key: str) -> int:
+    """``key`` (``rows_reused``, ``truncated_reused``) of the shards the planner found
+    committed plus those each child found committed when it started."""
+    return int(planned.get(key, 0)) + sum(int(c.get(key, 0)) for c in children)
 
 
 class EmbeddingVerifyOperator(AssetAnnouncingOperator, _EmbedJobOperator):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import stat
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from embedfresh.ml.compile.neuron import parse_summary
 from tests.conftest import DAY2, run_job
 
 XLA_ENV = {"PJRT_DEVICE": "CPU"}
+X86 = platform.machine() in ("x86_64", "AMD64")
 
 
 def _report(root: str, run_id: str, kind: str = "compile", model: str = "tiny") -> dict:
@@ -48,12 +50,17 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     store = ArtifactStore(root)
     assert markers.verify(store, entry).ok
     marker = markers.read_marker(store, entry)
-    assert set(marker["files"]) == {"mega-cache.bin", "inductor-cache.tar.gz", "vec-isa.json"}
-    # Inductor's check of this x86 CPU's vector ISAs ran before the trial, all passed
-    # (g++ builds AVX2/AVX-512 kernels here), and the trial compiled as a restore will.
-    vec_isa = report["vec_isa"]
-    assert vec_isa["offered"] and vec_isa["valid"] == vec_isa["offered"], vec_isa
-    assert vec_isa["vec_isa_ok"] is True and vec_isa["check_seconds"] > 0
+    # On x86 (this suite's hosts and CI's), unless the operator decides it
+    # (TORCHINDUCTOR_VEC_ISA_OK): inductor's check of the CPU's vector ISAs ran before the
+    # trial, all passed (g++ builds AVX2/AVX-512 test kernels), and the trial compiled as
+    # a restore will.
+    isa_checked = X86 and "TORCHINDUCTOR_VEC_ISA_OK" not in os.environ
+    extra = {"vec-isa.json"} if isa_checked else set()
+    assert set(marker["files"]) == {"mega-cache.bin", "inductor-cache.tar.gz", *extra}
+    if isa_checked:
+        vec_isa = report["vec_isa"]
+        assert vec_isa["offered"] and vec_isa["valid"] == vec_isa["offered"], vec_isa
+        assert vec_isa["vec_isa_ok"] is True and vec_isa["check_seconds"] > 0
     assert report["size_bytes"] == sum(f["size"] for f in marker["files"].values()) > 0
     assert report["created_at"].endswith("Z")
     # the trial trained in a throwaway store: nothing of it in the real one
@@ -78,9 +85,10 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     assert train_report["compiles_after_warmup"] == 0
     # The warm start skipped the ISA check and still found every graph: inductor's config
     # is in its cache keys, so setting vec_isa_ok on this side alone would miss them all.
-    assert cache["vec_isa_check_skipped"] is True
+    assert cache["vec_isa_check_skipped"] is isa_checked
     found = train_report["compile"]["graph_cache"]
-    assert found["autograd_cache_hits"] >= 1 and found["autograd_cache_misses"] == 0, found
+    assert found["autograd_cache_hits"] >= 1, found
+    assert found["autograd_cache_misses"] == found["autograd_cache_guard_misses"] == 0, found
     warm = train_report["seconds_to_first_step"]
     assert warm < 0.75 * cold, f"warm start {warm} s is not well under cold {cold} s"
 

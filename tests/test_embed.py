@@ -135,6 +135,7 @@ def test_token_ids_in_chunks_equal_the_tokenizers_own_and_batch_alike(
     assert [ids[i].tolist() for i in range(-len(texts), len(texts))] == expected * 2
     with pytest.raises(IndexError):
         ids[len(texts)]
+    assert [t.tolist() for t in ids[3:9:2]] == expected[3:9:2]
     assert truncated == sum(1 for t in expected if len(t) == 20) > 1
     as_arrays = make_batches(ids, (8, 20), token_budget=64)
     as_lists = make_batches(expected, (8, 20), token_budget=64)

@@ -351,12 +351,14 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     again = array_operator(roots["batch"], max_children=10).execute({})
     assert len(executor.submits) == 1
     assert again["shards_reused"] == SHARDS and again["shards_embedded"] == 0
+    assert again["rows_reused"] == ROWS and again["rows"] == 0  # from the commit markers
 
     # One shard lost (its marker gone): one slice left, a plain job for it alone.
     stores["batch"].remove(f"{layout.embeddings('tiny', 'v1', CORPUS)}/{commit_name(7)}")
     redo = array_operator(roots["batch"], max_children=10).execute({})
     assert len(executor.submits) == 2 and "arrayProperties" not in executor.submits[1]
     assert redo["shards_embedded"] == 1 and redo["shards_reused"] == SHARDS - 1
+    assert redo["rows"] + redo["rows_reused"] == ROWS and redo["rows"] > 0
     assert part_hashes(stores["batch"], CORPUS) == batch_parts
 
 

@@ -98,8 +98,9 @@ def _growth(shards: list[tuple[float, float]]) -> float:
     """Growth of the memory after a commit over the last 20 shards: the median of the last
     10 against the median of the 10 before them. The memory after a commit moves by up
     to ~10 MiB from shard to shard with the shard's batch plan and what the prefetch
-    thread holds at that moment; medians over 10 shards move by under 2 MiB (4 runs,
-    2026-11-27), where a 1 KiB/row leak moves them by 16-21 MiB."""
+    thread holds at that moment; medians over 10 shards move by under 2 MiB (7 runs,
+    2026-11-27), where the planted ~1 KiB/row leak moves them by 9.4-10.9 MiB
+    (:data:`GROWTH_LINE`)."""
     now = [rss for rss, _ in shards]
     return statistics.median(now[-10:]) - statistics.median(now[-20:-10])
 

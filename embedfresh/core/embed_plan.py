@@ -85,6 +85,10 @@ class EmbedPlan:
     recomputed: list[dict[str, Any]]
     """Pending shards that were committed, with the reason they are redone."""
     created_at: str = ""
+    reused_rows: int = 0
+    """Rows of the :attr:`reused` shards (their commit markers)."""
+    reused_truncated: int = 0
+    """Texts cut when the :attr:`reused` shards were embedded (their commit markers)."""
 
     def to_json(self) -> bytes:
         body = {
@@ -98,6 +102,8 @@ class EmbedPlan:
             "slices": self.slices,
             "reused": self.reused,
             "recomputed": self.recomputed,
+            "reused_rows": self.reused_rows,
+            "reused_truncated": self.reused_truncated,
             "created_at": self.created_at or dt.datetime.now(dt.UTC).isoformat(),
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -161,6 +167,9 @@ def read_plan(store: ArtifactStore, rel: str, sha256: str | None = None) -> Embe
             reused=[int(i) for i in raw["reused"]],
             recomputed=list(raw["recomputed"]),
             created_at=str(raw.get("created_at", "")),
+            # Absent from plans written before they were counted: 0.
+            reused_rows=int(raw.get("reused_rows", 0)),
+            reused_truncated=int(raw.get("reused_truncated", 0)),
         )
     except BadInputError:
         raise

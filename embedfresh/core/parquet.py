@@ -43,8 +43,10 @@ def system_memory_pool() -> Iterator[None]:
     Arrow's default pool (mimalloc in the pyarrow wheels) keeps pages of every size class
     it has used, so a job that reads shard after shard of varying sizes holds a high-water
     mark that creeps with their number: the embed job's peak RSS grew 2.9% from 100,000 to
-    1,000,000 rows on it, 0.8% on the C allocator, which hands large blocks back at once
-    (docs/BENCHMARKS.md, 2026-11-27)."""
+    1,000,000 rows on it, 0.6% inside this (the C allocator hands large blocks back at
+    once; docs/BENCHMARKS.md, 2026-11-27). The pool is process-wide: two jobs running in
+    threads of one process would restore it in the wrong order (each job is its own
+    process here)."""
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:

@@ -170,12 +170,12 @@ def _run_trial(
 
         inductor_dir = torch_cache.fresh_inductor_dir()
         try:
-            # Inductor's check of the CPU's vector ISAs, which it would otherwise run at
-            # its first compile: a cold start pays it, so the cold figure counts it.
+            # On cpu, inductor's check of the CPU's vector ISAs, which it would otherwise
+            # run at its first compile: a cold start pays it, so the cold figure counts it.
             checked = time.perf_counter()
-            vec_isa = torch_cache.check_vec_isa()
+            vec_isa = torch_cache.check_vec_isa() if trial_cfg.backend == "cpu" else {}
             check_seconds = time.perf_counter() - checked
-            with TrainingRun.open(trial_cfg) as run:
+            with torch_cache.vec_isa_setting(vec_isa), TrainingRun.open(trial_cfg) as run:
                 # No version published: the trial's figures and graphs are the training's.
                 report = run.report(run.fit(), version_url=None)
             files = torch_cache.collect(inductor_dir, vec_isa)
@@ -184,7 +184,8 @@ def _run_trial(
         found = _trial_figures(report)
         if found["cold_seconds_to_first_step"] is not None:
             found["cold_seconds_to_first_step"] += check_seconds
-        found["vec_isa"] = {**vec_isa, "check_seconds": round(check_seconds, 3)}
+        if vec_isa:
+            found["vec_isa"] = {**vec_isa, "check_seconds": round(check_seconds, 3)}
         return files, found
 
     config_file = tmp / "trial-train.json"

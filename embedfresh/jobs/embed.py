@@ -258,7 +258,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
                 status.reused_truncated,
             )
     if cfg.mode == "plan":
-        return _write_plan(store, cfg, out_dir, todo, skipped, recomputed, started)
+        return _write_plan(store, cfg, out_dir, status, started)
     assert backend is not None
 
     # Before the model loads or anything is written: every shard this task embeds is
@@ -586,16 +586,11 @@ def _child_plan(store: ArtifactStore, cfg: EmbedConfig) -> EmbedPlan:
 
 
 def _write_plan(
-    store: ArtifactStore,
-    cfg: EmbedConfig,
-    out_dir: str,
-    todo: list[int],
-    skipped: list[int],
-    recomputed: list[dict[str, Any]],
-    started: float,
+    store: ArtifactStore, cfg: EmbedConfig, out_dir: str, status: ShardStatus, started: float
 ) -> dict[str, Any]:
     """``mode=plan``: write the plan of the pending shards; embed nothing."""
     assert cfg.plan is not None
+    todo, skipped, recomputed = status.todo, status.skipped, status.recomputed
     slices = slice_count(len(todo), cfg.max_children) if todo else 0
     plan = EmbedPlan(
         model=cfg.model,
@@ -606,6 +601,8 @@ def _write_plan(
         slices=slices,
         reused=sorted(skipped),
         recomputed=recomputed,
+        reused_rows=status.reused_rows,
+        reused_truncated=status.reused_truncated,
     )
     sha = write_plan(store, cfg.plan, plan)
     log.info(
@@ -626,6 +623,8 @@ def _write_plan(
         "slices": slices,
         "shards_pending": len(todo),
         "shards_reused": len(skipped),
+        "rows_reused": status.reused_rows,
+        "truncated_reused": status.reused_truncated,
         "shards_recomputed": len(recomputed),
         "output": store.url(out_dir),
         "wall_seconds": round(time.perf_counter() - started, 3),

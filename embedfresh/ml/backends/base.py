@@ -137,8 +137,9 @@ class Backend(abc.ABC):
 
     def graph_cache(self) -> dict[str, int] | None:
         """Under torch.compile, how its graphs were found: AOTAutograd's and inductor's
-        FX graph caches, hits and misses (a warm start that recompiled shows misses);
-        None when nothing was compiled."""
+        FX graph caches, hits and misses (a warm start that recompiled shows misses or
+        bypasses), counted over the process (a job's process: its one run); None when
+        nothing was compiled."""
         if not self.compiled:
             return None
         from torch._dynamo.utils import counters  # noqa: PLC0415
@@ -147,6 +148,8 @@ class Backend(abc.ABC):
         return {
             "autograd_cache_hits": int(aot["autograd_cache_hit"]),
             "autograd_cache_misses": int(aot["autograd_cache_miss"]),
+            "autograd_cache_guard_misses": int(aot["autograd_cache_guard_miss"]),
+            "autograd_cache_bypasses": int(aot["autograd_cache_bypass"]),
             "fx_graph_cache_hits": int(fx["fxgraph_cache_hit"]),
             "fx_graph_cache_misses": int(fx["fxgraph_cache_miss"]),
         }

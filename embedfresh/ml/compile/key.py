@@ -34,16 +34,33 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+#: /proc/cpuinfo flags that name instruction-set extensions ``-march=native`` can turn on
+#: (not ``hypervisor``, bug or power-management flags, which differ between identical CPUs).
+_ISA_FLAG_PREFIXES = (
+    "avx", "sse", "ssse", "fma", "f16c", "bmi", "amx", "vpclmul", "pclmul", "vaes", "aes",
+    "gfni", "adx", "popcnt", "movbe", "lzcnt", "abm", "sha", "clwb", "clflushopt", "xsave",
+    "serialize", "waitpkg", "movdir", "rdrand", "rdseed", "prefetchw", "cx16", "asimd",
+    "sve", "fp", "atomics", "dotprod", "bf16", "i8mm",
+)  # fmt: skip
+
+
 def cpu_flags_digest() -> str:
-    """A short digest of this CPU's feature flags (``/proc/cpuinfo``), "" where there are
-    none to read. On the cpu backend inductor builds its kernels with ``-march=native``
-    and keys them by that option, not by what it resolved to: an entry built on a CPU
-    with instructions this one lacks (AVX512-FP16, AMX) would load and fault."""
+    """A short digest of this CPU's instruction-set flags (``/proc/cpuinfo``), "" where
+    there are none to read. On the cpu backend inductor builds its kernels with
+    ``-march=native`` and keys them by that option, not by what it resolved to: an entry
+    built on a CPU with instructions this one lacks (AVX512-FP16, AMX) would load and
+    fault."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
             for line in info:
                 if line.startswith(("flags", "Features")):
-                    flags = sorted(set(line.split(":", 1)[1].split()))
+                    flags = sorted(
+                        {
+                            f
+                            for f in line.split(":", 1)[1].split()
+                            if f.startswith(_ISA_FLAG_PREFIXES)
+                        }
+                    )
                     return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12]
     except OSError:
         pass

@@ -6,18 +6,20 @@ Both are needed on CPU (FACTS.md): a first step took 27-33 s cold, 21.6 s with t
 mega-cache alone and 6.9 s with the inductor directory kept, because the mega-cache does
 not carry the compiled C++.
 
-A third file, ``vec-isa.json``, records inductor's check of the CPU's vector ISAs in the
-compile job: before it uses AVX-512 or AVX2, inductor builds a test kernel for each and
-loads it in a fresh ``python -c "import torch; ..."``, ~1.3 s each. The compile job runs
-that check before its trial; when every ISA the CPU offers passed, the trial compiles
-with ``torch._inductor.config.cpp.vec_isa_ok`` set, and a restore on a CPU that offers
-the same ISAs (the key holds its flags) sets it too, skipping the check. Both sides must
+A third file, ``vec-isa.json`` (cpu backend, x86), records inductor's check of the
+CPU's vector ISAs in the compile job: before it uses AVX-512 or AVX2, inductor builds a
+test kernel for each and loads it in a fresh ``python -c "import torch; ..."``, ~1.3 s
+each. The compile job runs that check before its trial; when every ISA the CPU offers
+passed, the trial compiles with ``torch._inductor.config.cpp.vec_isa_ok`` set, and a
+restore on a CPU that offers the same ISAs (the key holds its ISA flags) sets it too,
+skipping those checks (the AVX512-BF16 and AMX test builds still run). Both sides must
 set it: inductor's config is part of its cache keys, so a restore that set it alone
 would miss every graph (measured: 13.7 s to the first step instead of 5.5).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -86,24 +88,31 @@ def vec_isa_checks(run: bool) -> dict[str, Any]:
 
 
 def check_vec_isa() -> dict[str, Any]:
-    """In the compile job, before its trial compiles: run inductor's ISA check now, and
-    when every ISA this CPU offers passed, compile with ``vec_isa_ok`` (what a restore
-    sets). Returns what to record in the entry ({} when ``TORCHINDUCTOR_VEC_ISA_OK`` is
-    set: the operator's choice, the same on both sides)."""
+    """In the compile job on cpu, before its trial compiles: run inductor's ISA check
+    now. ``vec_isa_ok`` in the result when every ISA this CPU offers passed: the trial
+    then compiles under :func:`vec_isa_setting`, as a restore will. {} when
+    ``TORCHINDUCTOR_VEC_ISA_OK`` is set: the operator's choice, the same on both sides."""
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is not None:
         return {}
     checks = vec_isa_checks(run=True)
     if checks.get("offered") and checks.get("valid") == checks["offered"]:
-        from torch._inductor import config  # noqa: PLC0415
-
-        config.cpp.vec_isa_ok = True
         checks["vec_isa_ok"] = True
     return checks
 
 
+def vec_isa_setting(checks: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """``vec_isa_ok`` set while inside (the trial only, not the rest of the process) when
+    ``checks`` allow it."""
+    if not checks.get("vec_isa_ok"):
+        return contextlib.nullcontext()
+    from torch._inductor import config  # noqa: PLC0415
+
+    return config.patch({"cpp.vec_isa_ok": True})
+
+
 def _skip_vec_isa_check(recorded: dict[str, Any]) -> bool:
-    """On a restore: set ``vec_isa_ok`` as the compile job did, when it did and this CPU
-    offers the same ISAs."""
+    """On a restore (the train job's own process): set ``vec_isa_ok`` as the compile
+    job's trial had it, when it did and this CPU offers the same ISAs."""
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is not None or not recorded.get("vec_isa_ok"):
         return False
     if vec_isa_checks(run=False).get("offered") != recorded.get("offered"):
@@ -137,7 +146,7 @@ def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
         torch.compiler.load_cache_artifacts(mega)
     marker = markers.read_marker(store, rel) or {}
     recorded = {}
-    if VEC_ISA in marker.get("files", {}):
+    if backend == "cpu" and VEC_ISA in marker.get("files", {}):
         recorded = json.loads(store.read_bytes(f"{rel}/{VEC_ISA}"))
     result["vec_isa_check_skipped"] = _skip_vec_isa_check(recorded)
     result.update(hit=True, inductor_dir=target, restore_seconds=time.perf_counter() - started)

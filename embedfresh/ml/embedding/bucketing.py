@@ -29,9 +29,9 @@ def padded_lengths(requested: Sequence[int], max_length: int) -> tuple[int, ...]
 
 class TokenIds(Sequence[np.ndarray]):
     """Token ids of many texts in one flat ``int32`` array: ``self[i]`` is text ``i``'s
-    ids (a view), :attr:`lengths` their counts. Two arrays a shard instead of a Python
-    list of ints per text: the tokens of 10,000 texts as Python ints are ~100 bytes each
-    in pymalloc's arenas, which a shard's worth of short-lived objects fragments."""
+    ids (a view; a slice gives a list of them), :attr:`lengths` their counts. Two arrays
+    a shard instead of a Python list of ints per text (~36 bytes a token as Python ints
+    and list slots, plus the tokenizer's ``Encoding`` objects of the whole shard)."""
 
     def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
         self.flat = flat
@@ -41,7 +41,9 @@ class TokenIds(Sequence[np.ndarray]):
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"text {i} of {len(self)}")
         i %= len(self)
