@@ -76,13 +76,9 @@ def generate_data(
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    from embedfresh.core import cpuinfo  # noqa: PLC0415 - after ROOT is on sys.path
+
+    return cpuinfo.field("model name") or platform.processor() or "unknown CPU"
 
 
 def cpu_isa() -> str:

@@ -7,15 +7,24 @@
 - ``crash``: ends itself with SIGSEGV, as a native crash would.
 - ``grandchild PIDS_FILE``: starts a sleeping child, writes both pids to PIDS_FILE and
   sleeps (for the kill tests).
+- ``finish FILE``: leaves a non-daemon thread that writes FILE after a pause, an
+  ``atexit`` handler and a log record that print on the way out, unflushed output of
+  Python's and of C's stdio, then exits with ``$FORK_TEST_EXIT`` (default 0).
+- ``raise``: raises an uncaught ``ValueError``; ``interrupt``: an uncaught
+  ``KeyboardInterrupt``; ``exit-message``: ``sys.exit("a message")``.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 TORCH_BEFORE = "torch" in sys.modules
@@ -46,6 +55,23 @@ def grandchild(pids_file: str) -> None:
     time.sleep(120)
 
 
+def finish(path: str) -> None:
+    def late_write() -> None:
+        time.sleep(0.5)
+        with open(path, "w") as f:
+            f.write("written by a non-daemon thread")
+
+    threading.Thread(target=late_write).start()
+    atexit.register(lambda: print("atexit handler ran"))
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger("forkserver_job").addHandler(handler)
+    logging.getLogger("forkserver_job").warning("a log record on the way out")
+    sys.stdout.reconfigure(write_through=False, line_buffering=False)
+    sys.stdout.write("unflushed python output\n")
+    ctypes.CDLL(None).printf(b"unflushed C output\n")
+    sys.exit(int(os.environ.get("FORK_TEST_EXIT", "0")))
+
+
 if __name__ == "__main__":
     action = sys.argv[1]
     if action == "describe":
@@ -54,3 +80,11 @@ if __name__ == "__main__":
         os.kill(os.getpid(), signal.SIGSEGV)
     elif action == "grandchild":
         grandchild(sys.argv[2])
+    elif action == "finish":
+        finish(sys.argv[2])
+    elif action == "raise":
+        raise ValueError("an uncaught error")
+    elif action == "interrupt":
+        raise KeyboardInterrupt
+    elif action == "exit-message":
+        sys.exit("a message")

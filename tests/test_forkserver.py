@@ -136,6 +136,39 @@ def test_a_crashing_job_never_takes_the_server_down(env: dict[str, str]):
     assert server_of(after).is_running()
 
 
+#: How a job ends, and what must come out of it: the same forked and fresh.
+ENDINGS = {
+    "finish": (5, ["atexit handler ran", "a log record on the way out",
+                   "unflushed python output", "unflushed C output"]),
+    "raise": (1, ["ValueError: an uncaught error"]),
+    "interrupt": (-signal.SIGINT, ["KeyboardInterrupt"]),
+    "exit-message": (1, ["a message"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_forked_job_ends_as_a_fresh_interpreter_would(
+    env: dict[str, str], tmp_path: Path, ending: str
+):
+    """The forked job skips the interpreter's teardown of modules (embedfresh/jobs/
+    forkserver.py, ``end_job``), nothing else: its threads are joined, its atexit
+    handlers and logging run, Python's and C's buffered output reach the log, and its
+    exit status and traceback are a fresh interpreter's."""
+    code, expected = ENDINGS[ending]
+    for switch in ("1", "0"):
+        written = tmp_path / f"thread-{switch}.txt"
+        got, lines, _ = run(
+            [*JOB, ending, str(written)], {**env, forkserver.ENV_SWITCH: switch}, FORK_TEST_EXIT="5"
+        )
+        forked = any("forked by the fork server" in line for line in lines)
+        assert forked == (switch == "1"), lines
+        assert got == code, (switch, lines)
+        for line in expected:
+            assert any(line in seen for seen in lines), (switch, line, lines)
+        if ending == "finish":  # the non-daemon thread finished before the job ended
+            assert written.read_text() == "written by a non-daemon thread"
+
+
 def test_kill_ends_the_forked_job_and_its_children_and_the_server_stays(
     env: dict[str, str], tmp_path: Path
 ):

@@ -34,6 +34,8 @@ class Verification:
     """Objects checked and found intact."""
     bytes: int = 0
     """Bytes read and hashed."""
+    marker: dict[str, Any] | None = None
+    """The marker's content, as read for the check (None when there was none)."""
 
 
 def write_marker(
@@ -142,21 +144,29 @@ def _size_mismatch(name: str, actual: int, expected: int, marker_name: str) -> s
 
 
 def verify(
-    store: ArtifactStore, directory: str, name: str = COMMIT, chunk_bytes: int | None = None
+    store: ArtifactStore,
+    directory: str,
+    name: str = COMMIT,
+    chunk_bytes: int | None = None,
+    marker: dict[str, Any] | None = None,
 ) -> Verification:
     """Check that the marker exists and every object it lists has its size and sha256.
 
     Every object is streamed (:func:`check_object`); the first one that does not match
     ends the check, named in :attr:`Verification.file` and :attr:`Verification.reason`.
+    ``marker`` is the marker's content when the caller has just read it
+    (:func:`read_marker`): it is not read again. The marker checked is
+    :attr:`Verification.marker`, so a caller needs no second read of it either.
     """
-    marker = read_marker(store, directory, name)
+    if marker is None:
+        marker = read_marker(store, directory, name)
     if marker is None:
         return Verification(False, f"no valid {name} marker")
     files = total = 0
     for fname, expected in sorted(marker["files"].items()):
         problem = check_object(store, directory, fname, expected, name, chunk_bytes)
         if problem is not None:
-            return Verification(False, problem, file=fname, files=files, bytes=total)
+            return Verification(False, problem, file=fname, files=files, bytes=total, marker=marker)
         files += 1
         total += expected["size"]
-    return Verification(True, files=files, bytes=total)
+    return Verification(True, files=files, bytes=total, marker=marker)

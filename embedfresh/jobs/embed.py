@@ -33,6 +33,7 @@ Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -166,9 +167,8 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
     """Embed corpus shards with a model version; skip shards already committed."""
     # Arrow on the C allocator: its default pool's high-water mark creeps with the number
     # of shards read. ARROW_DEFAULT_MEMORY_POOL, when set, is the operator's choice.
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        return _embed(cfg)
-    with system_memory_pool():
+    chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
+    with contextlib.nullcontext() if chosen else system_memory_pool():
         return _embed(cfg)
 
 
@@ -510,7 +510,7 @@ def shard_status(
         marker = markers.read_marker(store, out_dir, commit_name(i))
         reason = stale_reason(marker, key)
         if reason is None and full_check:
-            check = markers.verify(store, out_dir, commit_name(i))
+            check = markers.verify(store, out_dir, commit_name(i), marker=marker)
             reason = None if check.ok else f"output does not verify: {check.reason}"
         elif reason is None:
             reason = _size_problem(store, out_dir, marker or {})

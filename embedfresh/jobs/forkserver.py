@@ -25,12 +25,21 @@ Protocol (one request per connection): the client sends one JSON line ``{"argv":
 "env": {...}, "cwd": "..."}`` with three file descriptors (stdin, stdout, stderr) as
 ``SCM_RIGHTS``; the server answers ``{"pid": N}`` once the child runs and ``{"exit":
 code}`` when it ends (negative: killed by that signal, as ``subprocess`` reports it).
+
+A job ends as the interpreter would end it (non-daemon threads joined, ``atexit``
+handlers run, streams flushed, the same exit status and traceback) but without tearing
+down the server's modules: finalising torch and the other preloaded imports took
+0.65-0.9 s in every job on a 2-core box, more than the rest of its start and end
+together (docs/BENCHMARKS.md, "Pipeline overhead ... fork server off and on",
+2026-11-27). ``multiprocessing``'s forked children end the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
+import atexit
+import ctypes
 import errno
 import json
 import os
@@ -38,8 +47,10 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 #: Modules every job imports: what the server pays once instead of each job. Not
 #: pyarrow: its import starts jemalloc's background thread, and a fork copies only the
@@ -78,13 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     child = serve(args.socket, args.idle_s)
     if child is None:
         return 0
-    return run_job(*child)
+    end_job(run_job(*child))
 
 
 def serve(path: str, idle_s: float) -> tuple[Request, list[int]] | None:
     """Answer requests until idle; in a forked child, return its request and fds so that
-    :func:`main` runs the job at the top of the stack (the interpreter then exits as
-    ``python -m`` would: atexit handlers, non-daemon threads joined)."""
+    :func:`main` runs the job at the top of the stack and ends it (:func:`end_job`)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
@@ -209,7 +219,8 @@ def _send(conn: socket.socket, message: dict) -> None:
 
 
 def run_job(request: Request, fds: list[int]) -> int:
-    """In the forked child: become the job ``python -m`` would have started, run it."""
+    """In the forked child: become the job ``python -m`` would have started, run it, and
+    return its exit status (an uncaught exception's traceback printed, as Python would)."""
     import logging
     import random
     import runpy
@@ -246,8 +257,47 @@ def run_job(request: Request, fds: list[int]) -> int:
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
-        raise SystemExit(e.code) from None
+        return exit_status(e.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        return -signal.SIGINT  # Python ends itself with SIGINT here
+    except BaseException:  # noqa: BLE001 - what the interpreter does with any other
+        sys.excepthook(*sys.exc_info())
+        return 1
     return 0
+
+
+def exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` gives a process: None is 0, an int itself, anything
+    else is printed to stderr and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def end_job(status: int) -> NoReturn:
+    """End the forked job as the interpreter would, less the teardown of its modules:
+    join its non-daemon threads, run its ``atexit`` handlers (logging's flush among
+    them), flush Python's and C's stdio, then ``os._exit``. A negative status is a
+    signal, ended by as Python ends itself on an uncaught KeyboardInterrupt."""
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # closed by the job, or its reader is gone
+    ctypes.CDLL(None).fflush(None)  # what native code printed (C stdout is block-buffered)
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status & 0xFF)
 
 
 def _set_title(argv: list[str]) -> None:

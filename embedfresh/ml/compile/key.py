@@ -16,6 +16,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from embedfresh.core import cpuinfo
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.model import versions
@@ -50,21 +51,10 @@ def cpu_flags_digest() -> str:
     ``-march=native`` and keys them by that option, not by what it resolved to: an entry
     built on a CPU with instructions this one lacks (AVX512-FP16, AMX) would load and
     fault."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            for line in info:
-                if line.startswith(("flags", "Features")):
-                    flags = sorted(
-                        {
-                            f
-                            for f in line.split(":", 1)[1].split()
-                            if f.startswith(_ISA_FLAG_PREFIXES)
-                        }
-                    )
-                    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12]
-    except OSError:
-        pass
-    return ""
+    flags = sorted(
+        {f for f in cpuinfo.field("flags", "Features").split() if f.startswith(_ISA_FLAG_PREFIXES)}
+    )
+    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12] if flags else ""
 
 
 def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> dict[str, Any]:

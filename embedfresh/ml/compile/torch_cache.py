@@ -144,9 +144,8 @@ def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
     mega = store.read_bytes(f"{rel}/{MEGA_CACHE}")
     if mega:
         torch.compiler.load_cache_artifacts(mega)
-    marker = markers.read_marker(store, rel) or {}
     recorded = {}
-    if backend == "cpu" and VEC_ISA in marker.get("files", {}):
+    if backend == "cpu" and VEC_ISA in (check.marker or {}).get("files", {}):
         recorded = json.loads(store.read_bytes(f"{rel}/{VEC_ISA}"))
     result["vec_isa_check_skipped"] = _skip_vec_isa_check(recorded)
     result.update(hit=True, inductor_dir=target, restore_seconds=time.perf_counter() - started)

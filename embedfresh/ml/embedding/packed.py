@@ -31,20 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embedfresh.core import cpuinfo
 from embedfresh.ml.model.encoder import BertEncoder, BertLayer
-
-
-def _cpu_vendor() -> str:
-    """``vendor_id`` of ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``); "" where
-    there is none to read."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 @functools.cache
@@ -58,7 +46,7 @@ def onednn_is_faster() -> bool:
     (docs/BENCHMARKS.md)."""
     return (
         torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-        and _cpu_vendor() != "GenuineIntel"
+        and cpuinfo.field("vendor_id") != "GenuineIntel"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
