@@ -20,7 +20,7 @@ import pytest
 from embedfresh.core import layout, markers
 from embedfresh.core.config import DEFAULT_NEURON_CC_FLAGS, CompileConfig, TrainConfig
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.compile import neuron_env
+from embedfresh.ml.compile import neuron_env, torch_cache
 from embedfresh.ml.compile.neuron import parse_summary
 from tests.conftest import DAY2, run_job
 
@@ -61,6 +61,9 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
         vec_isa = report["vec_isa"]
         assert vec_isa["offered"] and vec_isa["valid"] == vec_isa["offered"], vec_isa
         assert vec_isa["vec_isa_ok"] is True and vec_isa["check_seconds"] > 0
+        # Each ISA's test build is recorded (the AVX512-BF16 one too on AVX-512 hosts).
+        built = {key.split("|", 1)[0] for key in vec_isa["builds"]}
+        assert built >= set(vec_isa["valid"]) and all(vec_isa["builds"].values()), vec_isa
     assert report["size_bytes"] == sum(f["size"] for f in marker["files"].values()) > 0
     assert report["created_at"].endswith("Z")
     # the trial trained in a throwaway store: nothing of it in the real one
@@ -86,6 +89,8 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     # The warm start skipped the ISA check and still found every graph: inductor's config
     # is in its cache keys, so setting vec_isa_ok on this side alone would miss them all.
     assert cache["vec_isa_check_skipped"] is isa_checked
+    if isa_checked:  # and its test builds were answered from the entry, not run again
+        assert cache["vec_isa_builds_replayed"] == len(report["vec_isa"]["valid"]), cache
     found = train_report["compile"]["graph_cache"]
     assert found["autograd_cache_hits"] >= 1, found
     assert found["autograd_cache_misses"] == found["autograd_cache_guard_misses"] == 0, found
@@ -265,3 +270,44 @@ def test_cache_key_changes_with_shapes_and_flags() -> None:
     ):
         assert cache_key(changed, "neuron", "neuron_parallel_compile") != key
     assert cache_key(base, "xla", "xla-trace") != key
+
+
+class _Isa:
+    """An ISA as inductor's ``cpu_vec_isa`` has them: a name, flags, ``check_build``."""
+
+    _arch_flags = "-mavx512f"
+
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    def __str__(self) -> str:
+        return "avx512"
+
+    def check_build(self, code: str) -> bool:
+        self.built.append(code)
+        return "fails" not in code
+
+
+def test_isa_test_builds_are_recorded_then_answered_without_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._inductor import cpu_vec_isa
+
+    isa = _Isa()
+    builds: dict[str, bool] = {}
+    with torch_cache._recording_builds([isa], builds):
+        assert isa.check_build("bf16 code") is True
+        isa._arch_flags += " -mavx512bf16"  # inductor adds an extension's flag to build it
+        assert isa.check_build("code that fails") is False
+        isa._arch_flags = "-mavx512f"
+    assert "check_build" not in vars(isa) and len(builds) == 2, builds
+
+    fresh = _Isa()  # the restoring process's own instance
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", [fresh])
+    assert torch_cache._replay_builds(builds) == 1
+    assert fresh.check_build("bf16 code") is True
+    fresh._arch_flags += " -mavx512bf16"
+    assert fresh.check_build("code that fails") is False
+    assert fresh.built == []  # both answered from the record
+    fresh._arch_flags = "-mavx512f -mother"  # flags it has no record for: built
+    assert fresh.check_build("bf16 code") is True and fresh.built == ["bf16 code"]

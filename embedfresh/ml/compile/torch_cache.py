@@ -12,14 +12,22 @@ test kernel for each and loads it in a fresh ``python -c "import torch; ..."``, 
 each. The compile job runs that check before its trial; when every ISA the CPU offers
 passed, the trial compiles with ``torch._inductor.config.cpp.vec_isa_ok`` set, and a
 restore on a CPU that offers the same ISAs (the key holds its ISA flags) sets it too,
-skipping those checks (the AVX512-BF16 and AMX test builds still run). Both sides must
-set it: inductor's config is part of its cache keys, so a restore that set it alone
-would miss every graph (measured: 13.7 s to the first step instead of 5.5).
+skipping those checks. Both sides must set it: inductor's config is part of its cache
+keys, so a restore that set it alone would miss every graph (measured: 13.7 s to the
+first step instead of 5.5).
+
+``vec_isa_ok`` does not cover the extension checks inductor runs after it (AVX512-BF16
+on AVX-512 CPUs; AMX and AMX-FP16 too on AMX ones), each another test build and
+``python -c``. The compile job records each test build's outcome (``builds``: by ISA,
+its flags at the time and the test code's digest) and the same restore answers those
+builds from the record instead of running them; a build it has no record of runs as
+before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -81,10 +89,68 @@ def vec_isa_checks(run: bool) -> dict[str, Any]:
         ]
         checks: dict[str, Any] = {"offered": offered}
         if run:
-            checks["valid"] = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+            builds: dict[str, bool] = {}
+            with _recording_builds(cpu_vec_isa.supported_vec_isa_list, builds):
+                checks["valid"] = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+            checks["builds"] = builds
         return checks
     except (ImportError, AttributeError, TypeError):
         return {}
+
+
+def _build_key(isa: Any, code: str) -> str:
+    """One ISA test build: the ISA, its compiler flags at the time (the extension checks
+    add theirs for the build) and the test code's digest."""
+    digest = hashlib.sha256(code.encode()).hexdigest()[:12]
+    return f"{isa}|{isa._arch_flags}|{digest}"
+
+
+@contextlib.contextmanager
+def _recording_builds(isas: list[Any], builds: dict[str, bool]):
+    """Record into ``builds`` the outcome of every test build ``isas`` run inside."""
+
+    def recorder(isa: Any, real: Any) -> Any:
+        def check_build(code: str) -> bool:
+            builds[_build_key(isa, code)] = ok = bool(real(code))
+            return ok
+
+        return check_build
+
+    for isa in isas:
+        isa.check_build = recorder(isa, isa.check_build)
+    try:
+        yield
+    finally:
+        for isa in isas:
+            vars(isa).pop("check_build", None)
+
+
+def _replay_builds(builds: dict[str, bool]) -> int:
+    """Answer inductor's ISA test builds from ``builds`` (recorded by the compile job on a
+    CPU with the same flags) for the rest of this process; one not recorded runs. The
+    number of ISAs given answers."""
+    if not builds:
+        return 0
+    try:
+        from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+        isas = list(cpu_vec_isa.supported_vec_isa_list)
+    except (ImportError, AttributeError):
+        return 0
+
+    def replayer(isa: Any, real: Any) -> Any:
+        def check_build(code: str) -> bool:
+            recorded = builds.get(_build_key(isa, code))
+            return real(code) if recorded is None else recorded
+
+        return check_build
+
+    answered = 0
+    for isa in isas:
+        if any(key.startswith(f"{isa}|") for key in builds):
+            isa.check_build = replayer(isa, isa.check_build)
+            answered += 1
+    return answered
 
 
 def check_vec_isa() -> dict[str, Any]:
@@ -148,6 +214,8 @@ def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
     if backend == "cpu" and VEC_ISA in (check.marker or {}).get("files", {}):
         recorded = json.loads(store.read_bytes(f"{rel}/{VEC_ISA}"))
     result["vec_isa_check_skipped"] = _skip_vec_isa_check(recorded)
+    if result["vec_isa_check_skipped"]:  # the same CPU flags: its test builds' outcomes too
+        result["vec_isa_builds_replayed"] = _replay_builds(recorded.get("builds") or {})
     result.update(hit=True, inductor_dir=target, restore_seconds=time.perf_counter() - started)
     log.info(
         "restored compile-cache entry %s into %s%s",
