@@ -7,8 +7,8 @@
 - ``crash``: ends itself with SIGSEGV, as a native crash would.
 - ``grandchild PIDS_FILE``: starts a sleeping child, writes both pids to PIDS_FILE and
   sleeps (for the kill tests).
-- ``finish FILE``: leaves a non-daemon thread that writes FILE after a pause, an
-  ``atexit`` handler and a log record that print on the way out, unflushed output of
+- ``finish FILE``: leaves a non-daemon thread that writes FILE after a pause, a thread
+  pool never shut down, an ``atexit`` handler and a log record that print on the way out, unflushed output of
   Python's and of C's stdio, then exits with ``$FORK_TEST_EXIT`` (default 0).
 - ``raise``: raises an uncaught ``ValueError``; ``interrupt``: an uncaught
   ``KeyboardInterrupt``; ``exit-message``: ``sys.exit("a message")``.
@@ -26,8 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 TORCH_BEFORE = "torch" in sys.modules
+POOL: ThreadPoolExecutor | None = None
 
 
 def describe() -> None:
@@ -62,6 +64,11 @@ def finish(path: str) -> None:
             f.write("written by a non-daemon thread")
 
     threading.Thread(target=late_write).start()
+    # An executor never shut down: its worker is a non-daemon thread that only the
+    # interpreter's own shutdown (threading's exit hooks) tells to stop.
+    global POOL
+    POOL = ThreadPoolExecutor(1)
+    POOL.submit(lambda: None).result()
     atexit.register(lambda: print("atexit handler ran"))
     handler = logging.StreamHandler(sys.stderr)
     logging.getLogger("forkserver_job").addHandler(handler)

@@ -280,13 +280,19 @@ def exit_status(code: object) -> int:
 
 def end_job(status: int) -> NoReturn:
     """End the forked job as the interpreter would, less the teardown of its modules:
-    join its non-daemon threads, run its ``atexit`` handlers (logging's flush among
-    them), flush Python's and C's stdio, then ``os._exit``. A negative status is a
-    signal, ended by as Python ends itself on an uncaught KeyboardInterrupt."""
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
+    run threading's exit hooks and join its non-daemon threads, run its ``atexit``
+    handlers (logging's flush among them), flush Python's and C's stdio, then
+    ``os._exit``. A negative status is a signal: the job ends by it, as Python ends
+    itself on an uncaught KeyboardInterrupt."""
+    # What the interpreter runs first on its way out: threading's exit hooks (they stop
+    # the workers of a thread pool never shut down), then a join of non-daemon threads.
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # not CPython's threading: join what it would have joined
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
