@@ -8,10 +8,12 @@
 - ``grandchild PIDS_FILE``: starts a sleeping child, writes both pids to PIDS_FILE and
   sleeps (for the kill tests).
 - ``finish FILE``: leaves a non-daemon thread that writes FILE after a pause, a thread
-  pool never shut down, an ``atexit`` handler and a log record that print on the way out, unflushed output of
-  Python's and of C's stdio, then exits with ``$FORK_TEST_EXIT`` (default 0).
+  pool never shut down, an ``atexit`` handler and a buffered log record that print on
+  the way out, unflushed output of Python's and of C's stdio, then exits with
+  ``$FORK_TEST_EXIT`` (default 0).
 - ``raise``: raises an uncaught ``ValueError``; ``interrupt``: an uncaught
-  ``KeyboardInterrupt``; ``exit-message``: ``sys.exit("a message")``.
+  ``KeyboardInterrupt``; ``exit-message``: ``sys.exit("a message")``; ``exit``:
+  ``sys.exit($FORK_TEST_EXIT)``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import atexit
 import ctypes
 import json
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
@@ -70,7 +73,8 @@ def finish(path: str) -> None:
     POOL = ThreadPoolExecutor(1)
     POOL.submit(lambda: None).result()
     atexit.register(lambda: print("atexit handler ran"))
-    handler = logging.StreamHandler(sys.stderr)
+    # Held back until logging's own atexit hook flushes it (capacity far above 1 record).
+    handler = logging.handlers.MemoryHandler(1000, target=logging.StreamHandler(sys.stderr))
     logging.getLogger("forkserver_job").addHandler(handler)
     logging.getLogger("forkserver_job").warning("a log record on the way out")
     sys.stdout.reconfigure(write_through=False, line_buffering=False)
@@ -95,3 +99,5 @@ if __name__ == "__main__":
         raise KeyboardInterrupt
     elif action == "exit-message":
         sys.exit("a message")
+    elif action == "exit":
+        sys.exit(int(os.environ["FORK_TEST_EXIT"]))

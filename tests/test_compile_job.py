@@ -89,8 +89,12 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     # The warm start skipped the ISA check and still found every graph: inductor's config
     # is in its cache keys, so setting vec_isa_ok on this side alone would miss them all.
     assert cache["vec_isa_check_skipped"] is isa_checked
-    if isa_checked:  # and its test builds were answered from the entry, not run again
-        assert cache["vec_isa_builds_replayed"] == len(report["vec_isa"]["valid"]), cache
+    if isa_checked:  # and its extension test builds were answered from the entry (the
+        # base check of each ISA, one build each, is what vec_isa_ok skips)
+        vec_isa = report["vec_isa"]
+        extensions = len(vec_isa["builds"]) - len(vec_isa["valid"])
+        assert cache["vec_isa_builds_answered"] == extensions, (cache, vec_isa)
+        assert extensions >= 1 or "avx512" not in vec_isa["valid"], vec_isa  # AVX512-BF16
     found = train_report["compile"]["graph_cache"]
     assert found["autograd_cache_hits"] >= 1, found
     assert found["autograd_cache_misses"] == found["autograd_cache_guard_misses"] == 0, found
@@ -304,10 +308,18 @@ def test_isa_test_builds_are_recorded_then_answered_without_building(
 
     fresh = _Isa()  # the restoring process's own instance
     monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", [fresh])
-    assert torch_cache._replay_builds(builds) == 1
+    answered: dict[str, int] = {}
+    torch_cache._replay_builds(builds, answered)
     assert fresh.check_build("bf16 code") is True
     fresh._arch_flags += " -mavx512bf16"
     assert fresh.check_build("code that fails") is False
-    assert fresh.built == []  # both answered from the record
+    assert fresh.built == [] and answered["vec_isa_builds_answered"] == 2  # from the record
     fresh._arch_flags = "-mavx512f -mother"  # flags it has no record for: built
     assert fresh.check_build("bf16 code") is True and fresh.built == ["bf16 code"]
+    assert answered["vec_isa_builds_answered"] == 2
+    # Another compiler is another build: inductor's own fingerprint is in the key.
+    fresh._arch_flags = "-mavx512f"
+    monkeypatch.setattr(
+        cpu_vec_isa, "_get_isa_dry_compile_fingerprint", lambda flags: f"clang 99={flags}"
+    )
+    assert fresh.check_build("bf16 code") is True and len(fresh.built) == 2

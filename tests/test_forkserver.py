@@ -136,13 +136,16 @@ def test_a_crashing_job_never_takes_the_server_down(env: dict[str, str]):
     assert server_of(after).is_running()
 
 
-#: How a job ends, and what must come out of it: the same forked and fresh.
+#: How a job ends (action, its $FORK_TEST_EXIT), the status the runner gets and what must
+#: come out of it: the same forked and fresh.
 ENDINGS = {
-    "finish": (5, ["atexit handler ran", "a log record on the way out",
-                   "unflushed python output", "unflushed C output"]),
-    "raise": (1, ["ValueError: an uncaught error"]),
-    "interrupt": (-signal.SIGINT, ["KeyboardInterrupt"]),
-    "exit-message": (1, ["a message"]),
+    "finish": ("finish", "5", 5, ["atexit handler ran", "a log record on the way out",
+                                  "unflushed python output", "unflushed C output"]),
+    "raise": ("raise", "0", 1, ["ValueError: an uncaught error"]),
+    "interrupt": ("interrupt", "0", -signal.SIGINT, ["KeyboardInterrupt"]),
+    "exit-message": ("exit-message", "0", 1, ["a message"]),
+    "exit-minus-one": ("exit", "-1", 255, []),
+    "exit-256": ("exit", "256", 0, []),
 }  # fmt: skip
 
 
@@ -150,15 +153,17 @@ ENDINGS = {
 def test_a_forked_job_ends_as_a_fresh_interpreter_would(
     env: dict[str, str], tmp_path: Path, ending: str
 ):
-    """The forked job skips the interpreter's teardown of modules (embedfresh/jobs/
-    forkserver.py, ``end_job``), nothing else: its threads are joined, its atexit
-    handlers and logging run, Python's and C's buffered output reach the log, and its
-    exit status and traceback are a fresh interpreter's."""
-    code, expected = ENDINGS[ending]
+    """The forked job skips the interpreter's finalisation (embedfresh/jobs/forkserver.py,
+    ``end_job``), nothing a job's output or status depends on: its threads are joined,
+    its atexit handlers and logging's flush run, Python's and C's buffered output reach
+    the log, and its exit status and traceback are a fresh interpreter's."""
+    action, exit_env, code, expected = ENDINGS[ending]
     for switch in ("1", "0"):
         written = tmp_path / f"thread-{switch}.txt"
         got, lines, _ = run(
-            [*JOB, ending, str(written)], {**env, forkserver.ENV_SWITCH: switch}, FORK_TEST_EXIT="5"
+            [*JOB, action, str(written)],
+            {**env, forkserver.ENV_SWITCH: switch},
+            FORK_TEST_EXIT=exit_env,
         )
         forked = any("forked by the fork server" in line for line in lines)
         assert forked == (switch == "1"), lines

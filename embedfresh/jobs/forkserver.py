@@ -27,11 +27,11 @@ Protocol (one request per connection): the client sends one JSON line ``{"argv":
 code}`` when it ends (negative: killed by that signal, as ``subprocess`` reports it).
 
 A job ends as the interpreter would end it (non-daemon threads joined, ``atexit``
-handlers run, streams flushed, the same exit status and traceback) but without tearing
-down the server's modules: finalising torch and the other preloaded imports took
-0.65-0.9 s in every job on a 2-core box, more than the rest of its start and end
-together (docs/BENCHMARKS.md, "Pipeline overhead ... fork server off and on",
-2026-11-27). ``multiprocessing``'s forked children end the same way.
+handlers run, streams flushed, the same exit status and traceback) but without the
+interpreter's finalisation (:func:`end_job` says what that skips): tearing down torch
+and the other preloaded modules took 0.65-0.9 s in every job on a 2-core box, more
+than the rest of its start and end together (docs/BENCHMARKS.md, "Pipeline overhead
+... fork server off and on", 2026-11-27).
 """
 
 from __future__ import annotations
@@ -260,30 +260,42 @@ def run_job(request: Request, fds: list[int]) -> int:
         return exit_status(e.code)
     except KeyboardInterrupt:
         sys.excepthook(*sys.exc_info())
-        return -signal.SIGINT  # Python ends itself with SIGINT here
+        return BY_SIGINT
     except BaseException:  # noqa: BLE001 - what the interpreter does with any other
         sys.excepthook(*sys.exc_info())
         return 1
     return 0
 
 
+#: :func:`run_job`'s status for an uncaught KeyboardInterrupt: Python ends itself by
+#: SIGINT then (128 + SIGINT where SIGINT is blocked).
+BY_SIGINT = -1
+
+
 def exit_status(code: object) -> int:
-    """The status ``sys.exit(code)`` gives a process: None is 0, an int itself, anything
-    else is printed to stderr and gives 1."""
+    """The status (0-255) ``sys.exit(code)`` gives a process: None is 0; an int its low
+    8 bits (-1 is 255, 256 is 0), 255 beyond a C long; anything else is printed to
+    stderr and gives 1."""
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return code & 0xFF if -(2**63) <= code < 2**63 else 255
     print(code, file=sys.stderr)
     return 1
 
 
 def end_job(status: int) -> NoReturn:
-    """End the forked job as the interpreter would, less the teardown of its modules:
-    run threading's exit hooks and join its non-daemon threads, run its ``atexit``
-    handlers (logging's flush among them), flush Python's and C's stdio, then
-    ``os._exit``. A negative status is a signal: the job ends by it, as Python ends
-    itself on an uncaught KeyboardInterrupt."""
+    """End the forked job as the interpreter would, less its finalisation: run
+    threading's exit hooks and join its non-daemon threads, run its ``atexit`` handlers
+    (logging's flush among them), flush Python's and C's stdio (a failed flush ends it
+    with 120, as Python does), then ``os._exit``. ``status``: 0-255, or
+    :data:`BY_SIGINT`.
+
+    Skipped, with the teardown of the server's modules: the finalisers of objects still
+    referenced at exit (``__del__``, ``weakref.finalize``, a file object left open and
+    unflushed in a module's global), C ``atexit`` handlers and C++ static destructors.
+    The project's jobs close what they open; a job that relies on those runs under
+    ``EMBEDFRESH_FORK_SERVER=0``."""
     # What the interpreter runs first on its way out: threading's exit hooks (they stop
     # the workers of a thread pool never shut down), then a join of non-daemon threads.
     shutdown = getattr(threading, "_shutdown", None)
@@ -295,15 +307,18 @@ def end_job(status: int) -> NoReturn:
                 thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or stream.closed:
+            continue
         try:
             stream.flush()
-        except (OSError, ValueError):
-            pass  # closed by the job, or its reader is gone
+        except OSError:
+            status = 120  # Python's status when it cannot flush its streams at exit
     ctypes.CDLL(None).fflush(None)  # what native code printed (C stdout is block-buffered)
-    if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-    os._exit(status & 0xFF)
+    if status == BY_SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 128 + signal.SIGINT  # SIGINT blocked: Python's status then
+    os._exit(status)
 
 
 def _set_title(argv: list[str]) -> None:

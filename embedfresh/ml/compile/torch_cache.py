@@ -18,10 +18,10 @@ first step instead of 5.5).
 
 ``vec_isa_ok`` does not cover the extension checks inductor runs after it (AVX512-BF16
 on AVX-512 CPUs; AMX and AMX-FP16 too on AMX ones), each another test build and
-``python -c``. The compile job records each test build's outcome (``builds``: by ISA,
-its flags at the time and the test code's digest) and the same restore answers those
-builds from the record instead of running them; a build it has no record of runs as
-before.
+``python -c``. The compile job records each test build's outcome (``builds``: by ISA and
+a digest of inductor's own fingerprint of the build, i.e. compiler version, flags and
+torch version, and of the test code) and the same restore answers those builds from
+the record instead of running them; a build it has no record of runs as before.
 """
 
 from __future__ import annotations
@@ -98,11 +98,19 @@ def vec_isa_checks(run: bool) -> dict[str, Any]:
         return {}
 
 
-def _build_key(isa: Any, code: str) -> str:
-    """One ISA test build: the ISA, its compiler flags at the time (the extension checks
-    add theirs for the build) and the test code's digest."""
-    digest = hashlib.sha256(code.encode()).hexdigest()[:12]
-    return f"{isa}|{isa._arch_flags}|{digest}"
+def _build_key(isa: Any, code: str) -> str | None:
+    """One ISA test build: the ISA, then a digest of what inductor keys the build by (the
+    compiler's version, the ISA's flags at the time, as an extension check adds its own,
+    and torch's version) and of the test code. None where torch has no such fingerprint:
+    nothing is recorded or answered then."""
+    try:
+        from torch._inductor import cpu_vec_isa  # noqa: PLC0415
+
+        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint(isa._arch_flags)
+    except (ImportError, AttributeError):
+        return None
+    digest = hashlib.sha256(f"{fingerprint}\0{code}".encode()).hexdigest()[:16]
+    return f"{isa}|{digest}"
 
 
 @contextlib.contextmanager
@@ -111,7 +119,10 @@ def _recording_builds(isas: list[Any], builds: dict[str, bool]):
 
     def recorder(isa: Any, real: Any) -> Any:
         def check_build(code: str) -> bool:
-            builds[_build_key(isa, code)] = ok = bool(real(code))
+            ok = bool(real(code))
+            key = _build_key(isa, code)
+            if key is not None:
+                builds[key] = ok
             return ok
 
         return check_build
@@ -125,32 +136,34 @@ def _recording_builds(isas: list[Any], builds: dict[str, bool]):
             vars(isa).pop("check_build", None)
 
 
-def _replay_builds(builds: dict[str, bool]) -> int:
+def _replay_builds(builds: dict[str, bool], answered: dict[str, int]) -> None:
     """Answer inductor's ISA test builds from ``builds`` (recorded by the compile job on a
-    CPU with the same flags) for the rest of this process; one not recorded runs. The
-    number of ISAs given answers."""
+    CPU with the same flags) for the rest of this process, counting each answer in
+    ``answered["vec_isa_builds_answered"]``; a build not recorded (another compiler, other
+    flags) runs as before."""
+    answered["vec_isa_builds_answered"] = 0
     if not builds:
-        return 0
+        return
     try:
         from torch._inductor import cpu_vec_isa  # noqa: PLC0415
 
         isas = list(cpu_vec_isa.supported_vec_isa_list)
     except (ImportError, AttributeError):
-        return 0
+        return
 
     def replayer(isa: Any, real: Any) -> Any:
         def check_build(code: str) -> bool:
-            recorded = builds.get(_build_key(isa, code))
-            return real(code) if recorded is None else recorded
+            recorded = builds.get(_build_key(isa, code) or "")
+            if recorded is None:
+                return real(code)
+            answered["vec_isa_builds_answered"] += 1
+            return recorded
 
         return check_build
 
-    answered = 0
     for isa in isas:
         if any(key.startswith(f"{isa}|") for key in builds):
             isa.check_build = replayer(isa, isa.check_build)
-            answered += 1
-    return answered
 
 
 def check_vec_isa() -> dict[str, Any]:
@@ -215,7 +228,7 @@ def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
         recorded = json.loads(store.read_bytes(f"{rel}/{VEC_ISA}"))
     result["vec_isa_check_skipped"] = _skip_vec_isa_check(recorded)
     if result["vec_isa_check_skipped"]:  # the same CPU flags: its test builds' outcomes too
-        result["vec_isa_builds_replayed"] = _replay_builds(recorded.get("builds") or {})
+        _replay_builds(recorded.get("builds") or {}, result)  # counted as inductor asks
     result.update(hit=True, inductor_dir=target, restore_seconds=time.perf_counter() - started)
     log.info(
         "restored compile-cache entry %s into %s%s",
