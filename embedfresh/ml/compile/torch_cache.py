@@ -27,6 +27,7 @@ the record instead of running them; a build it has no record of runs as before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -36,6 +37,7 @@ import platform
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from embedfresh.core import layout, markers
@@ -113,22 +115,25 @@ def _build_key(isa: Any, code: str) -> str | None:
     return f"{isa}|{digest}"
 
 
+def _answer_builds(isas: list[Any], answer: Callable[[Any, Any, str], bool]) -> None:
+    """Route each ISA's test builds through ``answer(isa, its real check_build, code)``
+    (an instance attribute shadowing the method, in this process only)."""
+    for isa in isas:
+        isa.check_build = functools.partial(answer, isa, isa.check_build)
+
+
 @contextlib.contextmanager
 def _recording_builds(isas: list[Any], builds: dict[str, bool]):
     """Record into ``builds`` the outcome of every test build ``isas`` run inside."""
 
-    def recorder(isa: Any, real: Any) -> Any:
-        def check_build(code: str) -> bool:
-            ok = bool(real(code))
-            key = _build_key(isa, code)
-            if key is not None:
-                builds[key] = ok
-            return ok
+    def record(isa: Any, real: Any, code: str) -> bool:
+        ok = bool(real(code))
+        key = _build_key(isa, code)
+        if key is not None:
+            builds[key] = ok
+        return ok
 
-        return check_build
-
-    for isa in isas:
-        isa.check_build = recorder(isa, isa.check_build)
+    _answer_builds(isas, record)
     try:
         yield
     finally:
@@ -151,19 +156,14 @@ def _replay_builds(builds: dict[str, bool], answered: dict[str, int]) -> None:
     except (ImportError, AttributeError):
         return
 
-    def replayer(isa: Any, real: Any) -> Any:
-        def check_build(code: str) -> bool:
-            recorded = builds.get(_build_key(isa, code) or "")
-            if recorded is None:
-                return real(code)
-            answered["vec_isa_builds_answered"] += 1
-            return recorded
+    def replay(isa: Any, real: Any, code: str) -> bool:
+        recorded = builds.get(_build_key(isa, code) or "")
+        if recorded is None:
+            return real(code)
+        answered["vec_isa_builds_answered"] += 1
+        return recorded
 
-        return check_build
-
-    for isa in isas:
-        if any(key.startswith(f"{isa}|") for key in builds):
-            isa.check_build = replayer(isa, isa.check_build)
+    _answer_builds(isas, replay)
 
 
 def check_vec_isa() -> dict[str, Any]:
