@@ -257,6 +257,37 @@ def test_packed_forward_under_autocast_as_the_cuda_backend_runs_it(
     assert not np.array_equal(reference, mixed)  # bf16 did run
 
 
+def test_packed_pooling_adds_in_a_fixed_order(root, monkeypatch) -> None:
+    """The packed forward pools by a reduction over a fixed [rows, length] grid, never
+    ``index_add_``: on CUDA its float atomics add in arrival order, and a shard embedded
+    twice on an H200 came out with other last bits (a killed run's re-run was not
+    byte-equal to a clean run). With ``index_add_`` refused, the packed vectors still
+    equal the padded forward's, long and multi-script texts in mixed-length batches."""
+    from embedfresh.ml.embedding.bucketing import VariableTokenizer
+    from embedfresh.ml.embedding.encode import embed_texts
+
+    store = _publish(root)
+    version = versions.load(store, "tiny", "v1")
+    model = versions.instantiate(version).eval()
+    tok = VariableTokenizer(version.tokenizer_json, 64)
+    texts = [
+        "wireless headphones",
+        "无线蓝牙耳机 主动降噪",
+        "Größe 44 " * 9,
+        "running shoes " * 40,
+    ] * 9
+    backend = get_backend("cpu")
+    padded = embed_texts(model, backend, tok, texts, (16, 64), 1024, 64, packed=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("index_add_ adds floats in no fixed order on CUDA")
+
+    monkeypatch.setattr(torch.Tensor, "index_add_", refuse)
+    packed = embed_texts(model, backend, tok, texts, (16, 64), 1024, 64)
+    assert np.abs(packed - padded).max() < 1e-5
+    assert np.array_equal(packed, embed_texts(model, backend, tok, texts, (16, 64), 1024, 64))
+
+
 @pytest.mark.parametrize(
     ("convert", "device", "refusal"),
     [

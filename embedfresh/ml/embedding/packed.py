@@ -213,7 +213,11 @@ def packed_embed(
         a = _output(layer.attention.output, h, x)
         x = _output(layer.output, _linear(layer.intermediate.dense, a, gelu=True), a)
     x = x[:tokens].float()  # pooled in fp32 whatever the model's dtype: a bf16 sum drifts
-    row = where // length
-    pooled = x.new_zeros(rows, x.shape[1]).index_add_(0, row, x)
-    counts = torch.bincount(row, minlength=rows).to(x.dtype).clamp(min=1e-9)
+    # Summed over each row's slots of a zero-filled [rows, length] grid: a reduction of a
+    # fixed shape adds in a fixed order on every device. index_add_ does not on CUDA (its
+    # float atomics add in arrival order), so a shard embedded twice on an H200 came out
+    # with other last bits, and a killed run's re-run was not byte-equal to a clean run.
+    grid = x.new_zeros(rows * length, x.shape[1]).index_copy_(0, where, x)
+    pooled = grid.view(rows, length, -1).sum(1)
+    counts = torch.bincount(where // length, minlength=rows).to(x.dtype).clamp(min=1e-9)
     return F.normalize(pooled / counts[:, None], p=2, dim=1)
