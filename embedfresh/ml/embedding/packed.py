@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedfresh.core import cpuinfo
-from embedfresh.ml.model.encoder import BertEncoder, BertLayer
+from embedfresh.ml.model.encoder import BertEncoder, BertLayer, embed_tokens
 
 
 @functools.cache
@@ -213,11 +213,10 @@ def packed_embed(
         a = _output(layer.attention.output, h, x)
         x = _output(layer.output, _linear(layer.intermediate.dense, a, gelu=True), a)
     x = x[:tokens].float()  # pooled in fp32 whatever the model's dtype: a bf16 sum drifts
-    # Summed over each row's slots of a zero-filled [rows, length] grid: a reduction of a
-    # fixed shape adds in a fixed order on every device. index_add_ does not on CUDA (its
-    # float atomics add in arrival order), so a shard embedded twice on an H200 came out
-    # with other last bits, and a killed run's re-run was not byte-equal to a clean run.
+    # Back on a zero-filled [rows, length] grid and pooled as the padded forward pools: a
+    # reduction of a fixed shape adds in a fixed order on every device. index_add_ did not
+    # on CUDA (its float atomics add in arrival order): a shard embedded twice on an H200
+    # came out with other last bits, and a killed run's re-run was not byte-equal to a
+    # clean run.
     grid = x.new_zeros(rows * length, x.shape[1]).index_copy_(0, where, x)
-    pooled = grid.view(rows, length, -1).sum(1)
-    counts = torch.bincount(where // length, minlength=rows).to(x.dtype).clamp(min=1e-9)
-    return F.normalize(pooled / counts[:, None], p=2, dim=1)
+    return embed_tokens(grid.view(rows, length, -1), attention_mask, "mean", None)
