@@ -57,13 +57,13 @@ def embed_plan(
     import torch
     import torch.nn.functional as F
 
-    from embedfresh.ml.embedding.packed import fuse_qkv, packed_embed
+    from embedfresh.ml.embedding.packed import packed_embed, prepare
 
     if uses_packed(model, backend, packed):
-        qkv = fuse_qkv(model.encoder)
+        layers = prepare(model.encoder)
 
         def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return packed_embed(model.encoder, ids, mask, qkv)
+            return packed_embed(model.encoder, ids, mask, layers)
     else:
         forward = model.embed
 

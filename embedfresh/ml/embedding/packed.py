@@ -9,12 +9,14 @@ same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999
   ``[rows, heads, length, head_dim]`` shape for ``scaled_dot_product_attention`` and
   gathers the result back. Measured on the benchmark texts (1 thread, CPU time):
   1.15x, against 1.19x for no padding at all.
-- On AVX-512 AMD CPUs, fp32 linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
-  GELU fused) rather than to MKL's sgemm: MKL reaches ~100 GFLOP/s a core there, oneDNN
-  ~220. On Intel CPUs and AVX2-only ones MKL is as fast or faster (:func:`onednn_is_faster`).
+- On AVX-512 AMD CPUs, linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+  GELU fused, weights reordered once into its own layout: :class:`OneDnnLinear`) rather
+  than to MKL's sgemm or ``addmm_``. On Intel CPUs and AVX2-only ones MKL is as fast or
+  faster (:func:`onednn_is_faster`).
 - Query, key and value run as one fused GEMM (:func:`fuse_qkv`); every GEMM runs in
-  fixed-shape chunks accumulated into its output, the attention output's and the FFN
-  output's onto their residual (no separate add).
+  fixed-shape chunks, on MKL accumulated into its output, the attention output's and the
+  FFN output's onto their residual (no separate add). :func:`prepare` lays the weights
+  out once per call of the caller's loop.
 - bf16 encoders (the embed job's ``quantize=bf16``) take the same path: GEMMs and
   attention in bf16 (AMX where the CPU has it), pooling in fp32.
 
@@ -26,6 +28,7 @@ XLA/Neuron or compiled graphs (they take the padded, static-shape path). Quantis
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +45,10 @@ def onednn_is_faster() -> bool:
     Intel CPUs only: on an AVX-512 AMD EPYC it ran at ~100 GFLOP/s a core against
     oneDNN's ~220; on an AVX-512 Intel Xeon (Sapphire Rapids) both ran at ~185 and the
     packed forward was 10% faster on MKL (332 against 302 sentences/s at 2 threads,
-    2026-11-27); on AVX2-only CPUs both reach ~75-80 and MKL scales better to 2 threads
-    (docs/BENCHMARKS.md)."""
+    2026-11-27); on AVX2-only CPUs both reach ~75-80 and MKL scales better to 2 threads.
+    On another AVX-512 EPYC (2026-11-28), where MKL and oneDNN both ran at ~100 GFLOP/s a
+    core, oneDNN with its weights reordered once (:class:`OneDnnLinear`) ran 6% ahead of
+    MKL end to end, and 12% ahead of oneDNN handed plain weights (docs/BENCHMARKS.md)."""
     return (
         torch.backends.cpu.get_cpu_capability().startswith("AVX512")
         and cpuinfo.field("vendor_id") != "GenuineIntel"
@@ -70,28 +75,46 @@ def _dense(module: nn.Module) -> bool:
     return type(module) is nn.Linear
 
 
+class OneDnnLinear:
+    """A dense CPU layer as oneDNN runs it: its weight reordered once into oneDNN's own
+    blocked layout (``torch.ops.mkldnn._reorder_linear_weight``), as inductor's frozen
+    graphs keep theirs. Handed the plain ``[out, in]`` weight, oneDNN reorders it on every
+    call: on a 2-core AVX-512 AMD EPYC, GEMMs of minilm's shapes ran 10-38% faster
+    reordered once (fp32, 2 threads: 189 against 137 GFLOP/s for the FFN's output layer),
+    and the packed fp32 forward 18% faster end to end (2026-11-28, docs/BENCHMARKS.md).
+    The same function; the sums' order differs (within 1e-5 of the plain weight's)."""
+
+    def __init__(self, layer: nn.Linear) -> None:
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)
+        self.bias = None if layer.bias is None else layer.bias.detach()
+        self.out_features = layer.out_features
+
+
+def _onednn_linear(
+    x: torch.Tensor, layer: OneDnnLinear, gelu: bool, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """``layer(x)`` (GELU fused, or plus ``residual``) in chunks of at most ``CHUNK_ROWS``
+    rows, written out chunk by chunk."""
+    attr, algorithm = ("gelu", "none") if gelu else ("none", "")
+    out = x.new_empty(x.shape[0], layer.out_features)
+    for start in range(0, x.shape[0], CHUNK_ROWS):
+        part = x[start : start + CHUNK_ROWS]
+        end = start + part.shape[0]
+        y = torch.ops.mkldnn._linear_pointwise(part, layer.weight, layer.bias, attr, [], algorithm)
+        if residual is None:
+            out[start:end] = y
+        else:
+            torch.add(y, residual[start:end], out=out[start:end])
+    return out
+
+
 def _chunked_linear(
     x: torch.Tensor, layer: nn.Linear, gelu: bool, residual: torch.Tensor | None
 ) -> torch.Tensor:
-    """``layer(x)`` (then exact GELU, or plus ``residual``) for ``x`` of a multiple of
-    ``ROW_STEP`` rows, in chunks of at most ``CHUNK_ROWS``: accumulated straight into the
-    output (``addmm_`` onto the bias or residual + bias), or on oneDNN (fp32 on non-Intel AVX-512,
-    GELU fused) written out chunk by chunk."""
+    """``layer(x)`` (then exact GELU, or plus ``residual``) in chunks of at most
+    ``CHUNK_ROWS`` rows, accumulated straight into the output (``addmm_`` onto the bias
+    or residual + bias)."""
     rows = x.shape[0]
-    if x.dtype == torch.float32 and onednn_is_faster():
-        attr, algorithm = ("gelu", "none") if gelu else ("none", "")
-        out = x.new_empty(rows, layer.out_features)
-        for start in range(0, rows, CHUNK_ROWS):
-            part = x[start : start + CHUNK_ROWS]
-            end = start + part.shape[0]
-            y = torch.ops.mkldnn._linear_pointwise(
-                part, layer.weight, layer.bias, attr, [], algorithm
-            )
-            if residual is None:
-                out[start:end] = y
-            else:
-                torch.add(y, residual[start:end], out=out[start:end])
-        return out
     if residual is not None:
         out = residual + layer.bias if layer.bias is not None else residual.clone()
     elif layer.bias is not None:
@@ -107,11 +130,18 @@ def _chunked_linear(
     return out
 
 
+Layer = nn.Module | OneDnnLinear
+"""A linear layer as the packed forward calls it."""
+
+
 def _linear(
-    module: nn.Module, x: torch.Tensor, gelu: bool = False, residual: torch.Tensor | None = None
+    module: Layer, x: torch.Tensor, gelu: bool = False, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``module(x)``, then exact GELU or plus ``residual``; a dense fp32/bf16 CPU layer in
-    chunks of fixed shapes, fp32 on oneDNN where that is faster (:func:`onednn_is_faster`)."""
+    """``module(x)``, then exact GELU or plus ``residual``: on oneDNN with its reordered
+    weight, or a dense fp32/bf16 CPU layer in chunks of fixed shapes, or (quantised
+    layers, CUDA) called whole. ``x`` has a multiple of ``ROW_STEP`` rows."""
+    if isinstance(module, OneDnnLinear):
+        return _onednn_linear(x, module, gelu, residual)
     if _dense(module) and x.device.type == "cpu" and x.dtype in CHUNKED_DTYPES:
         return _chunked_linear(x, module, gelu, residual)
     out = module(x)
@@ -138,9 +168,51 @@ def fuse_qkv(encoder: BertEncoder) -> list[nn.Linear | None]:
     return fused
 
 
+@dataclass(frozen=True)
+class PreparedLayer:
+    """One encoder layer's linear layers as the packed forward calls them."""
+
+    qkv: Layer | None
+    """Query, key and value fused (None: called one by one, as quantised ones are)."""
+    attention_output: Layer
+    intermediate: Layer
+    output: Layer
+
+
+def _for_gemm(module: nn.Module) -> Layer:
+    """``module`` with its weight reordered for oneDNN where oneDNN runs it: a dense fp32
+    or bf16 CPU layer on a CPU where oneDNN is the faster library
+    (:func:`onednn_is_faster`; bf16 there: 3% faster end to end than on ``addmm_``,
+    2026-11-28). Any other layer as it is."""
+    if (
+        _dense(module)
+        and module.weight.device.type == "cpu"
+        and module.weight.dtype in CHUNKED_DTYPES
+        and onednn_is_faster()
+    ):
+        return OneDnnLinear(module)
+    return module
+
+
+def prepare(encoder: BertEncoder) -> list[PreparedLayer]:
+    """The encoder's linear layers laid out once for :func:`packed_embed`: Q/K/V fused
+    (:func:`fuse_qkv`), every weight in the GEMM library's own layout where that is
+    oneDNN. Costs a second copy of the dense weights (+32 MiB for minilm in fp32) and
+    ~30 ms for minilm on 2 cores."""
+    return [
+        PreparedLayer(
+            qkv=None if fused is None else _for_gemm(fused),
+            attention_output=_for_gemm(layer.attention.output.dense),
+            intermediate=_for_gemm(layer.intermediate.dense),
+            output=_for_gemm(layer.output.dense),
+        )
+        for layer, fused in zip(encoder.encoder.layer, fuse_qkv(encoder), strict=True)
+    ]
+
+
 def _attention(
     layer: BertLayer,
-    qkv: nn.Linear | None,
+    qkv: Layer | None,
     x: torch.Tensor,
     tokens: int,
     where: torch.Tensor,
@@ -173,24 +245,26 @@ def _attention(
     return gathered
 
 
-def _output(block: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def _output(
+    dense: Layer, layer_norm: nn.Module, h: torch.Tensor, residual: torch.Tensor
+) -> torch.Tensor:
     """``BertSelfOutput`` in eval mode: LayerNorm(dense(h) + residual)."""
-    return block.LayerNorm(_linear(block.dense, h, residual=residual))
+    return layer_norm(_linear(dense, h, residual=residual))
 
 
 def packed_embed(
     encoder: BertEncoder,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    qkv: list[nn.Linear | None] | None = None,
+    layers: list[PreparedLayer] | None = None,
 ) -> torch.Tensor:
     """L2-normalised mean-pooled fp32 embeddings [rows, hidden] of a padded batch, computed
     on its real tokens only (eval mode: no dropout), in the encoder's dtype (fp32 or
     bf16; pooled in fp32). Rows without any token (filler of a static-shape batch) come
-    out as zeros. ``qkv``: :func:`fuse_qkv` of the encoder, made once by the caller (made
+    out as zeros. ``layers``: :func:`prepare` of the encoder, made once by the caller (made
     here when None)."""
-    if qkv is None:
-        qkv = fuse_qkv(encoder)
+    if layers is None:
+        layers = prepare(encoder)
     rows, length = input_ids.shape
     where = attention_mask.reshape(-1).bool().nonzero().squeeze(1)
     tokens = where.numel()
@@ -208,10 +282,11 @@ def packed_embed(
     kind = x.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
     bias = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
-    for layer, fused in zip(encoder.encoder.layer, qkv, strict=True):
-        h = _attention(layer, fused, x, tokens, where, rows, length, bias)
-        a = _output(layer.attention.output, h, x)
-        x = _output(layer.output, _linear(layer.intermediate.dense, a, gelu=True), a)
+    for layer, prepared in zip(encoder.encoder.layer, layers, strict=True):
+        h = _attention(layer, prepared.qkv, x, tokens, where, rows, length, bias)
+        a = _output(prepared.attention_output, layer.attention.output.LayerNorm, h, x)
+        h = _linear(prepared.intermediate, a, gelu=True)
+        x = _output(prepared.output, layer.output.LayerNorm, h, a)
     x = x[:tokens].float()  # pooled in fp32 whatever the model's dtype: a bf16 sum drifts
     # Back on a zero-filled [rows, length] grid and pooled as the padded forward pools: a
     # reduction of a fixed shape adds in a fixed order on every device. index_add_ did not
