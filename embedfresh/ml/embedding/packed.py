@@ -46,7 +46,7 @@ def onednn_is_faster() -> bool:
     oneDNN's ~220; on an AVX-512 Intel Xeon (Sapphire Rapids) both ran at ~185 and the
     packed forward was 10% faster on MKL (332 against 302 sentences/s at 2 threads,
     2026-11-27); on AVX2-only CPUs both reach ~75-80 and MKL scales better to 2 threads.
-    On another AVX-512 EPYC (2026-11-28), where MKL and oneDNN both ran at ~100 GFLOP/s a
+    On another AVX-512 EPYC (2026-11-27), where MKL and oneDNN both ran at ~100 GFLOP/s a
     core, oneDNN with its weights reordered once (:class:`OneDnnLinear`) ran 6% ahead of
     MKL end to end, and 12% ahead of oneDNN handed plain weights (docs/BENCHMARKS.md)."""
     return (
@@ -81,7 +81,7 @@ class OneDnnLinear:
     graphs keep theirs. Handed the plain ``[out, in]`` weight, oneDNN reorders it on every
     call: on a 2-core AVX-512 AMD EPYC, GEMMs of minilm's shapes ran 10-38% faster
     reordered once (fp32, 2 threads: 189 against 137 GFLOP/s for the FFN's output layer),
-    and the packed fp32 forward 18% faster end to end (2026-11-28, docs/BENCHMARKS.md).
+    and the packed fp32 forward 12% faster end to end (2026-11-27, docs/BENCHMARKS.md).
     The same function; the sums' order differs (within 1e-5 of the plain weight's)."""
 
     def __init__(self, layer: nn.Linear) -> None:
@@ -183,7 +183,7 @@ def _for_gemm(module: nn.Module) -> Layer:
     """``module`` with its weight reordered for oneDNN where oneDNN runs it: a dense fp32
     or bf16 CPU layer on a CPU where oneDNN is the faster library
     (:func:`onednn_is_faster`; bf16 there: 3% faster end to end than on ``addmm_``,
-    2026-11-28). Any other layer as it is."""
+    2026-11-27). Any other layer as it is."""
     if (
         _dense(module)
         and module.weight.device.type == "cpu"
