@@ -161,7 +161,9 @@ def fuse_qkv(encoder: BertEncoder) -> list[nn.Linear | None]:
             fused.append(None)
             continue
         weight = torch.cat([m.weight.detach() for m in parts])
-        qkv = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+        qkv = torch.nn.utils.skip_init(  # no random init of weights replaced next
+            nn.Linear, weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype
+        )
         qkv.weight = nn.Parameter(weight, requires_grad=False)
         qkv.bias = nn.Parameter(torch.cat([m.bias.detach() for m in parts]), requires_grad=False)
         fused.append(qkv)
