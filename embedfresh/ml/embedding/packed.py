@@ -16,7 +16,7 @@ same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999
 - Query, key and value run as one fused GEMM (:func:`fuse_qkv`); every GEMM runs in
   fixed-shape chunks, on MKL accumulated into its output, the attention output's and the
   FFN output's onto their residual (no separate add). :func:`prepare` lays the weights
-  out once per call of the caller's loop.
+  out once (``embed_plan`` calls it once a shard).
 - bf16 encoders (the embed job's ``quantize=bf16``) take the same path: GEMMs and
   attention in bf16 (AMX where the CPU has it), pooling in fp32.
 
@@ -287,8 +287,8 @@ def packed_embed(
     for layer, prepared in zip(encoder.encoder.layer, layers, strict=True):
         h = _attention(layer, prepared.qkv, x, tokens, where, rows, length, bias)
         a = _output(prepared.attention_output, layer.attention.output.LayerNorm, h, x)
-        h = _linear(prepared.intermediate, a, gelu=True)
-        x = _output(prepared.output, layer.output.LayerNorm, h, a)
+        ffn = _linear(prepared.intermediate, a, gelu=True)
+        x = _output(prepared.output, layer.output.LayerNorm, ffn, a)
     x = x[:tokens].float()  # pooled in fp32 whatever the model's dtype: a bf16 sum drifts
     # Back on a zero-filled [rows, length] grid and pooled as the padded forward pools: a
     # reduction of a fixed shape adds in a fixed order on every device. index_add_ did not
