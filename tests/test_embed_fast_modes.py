@@ -40,6 +40,16 @@ def _assert_nothing_committed(store: ArtifactStore) -> None:
     assert not [n for n in store.listdir(OUT) if n.endswith((".COMMIT", ".parquet", ".json"))]
 
 
+def _tiny(root: str, max_length: int = 64):
+    """The published tiny v1 in eval mode, and its tokenizer cutting at ``max_length``
+    (tiny's positions: 64)."""
+    from embedfresh.ml.embedding.bucketing import VariableTokenizer
+
+    version = versions.load(_publish(root), "tiny", "v1")
+    model = versions.instantiate(version).eval()
+    return model, VariableTokenizer(version.tokenizer_json, max_length)
+
+
 def _check_matches_verdict(store: ArtifactStore, rc: int, err: str, mode: str = "int8") -> dict:
     report = store.read_json(REPORT)
     verdict = report[f"{mode}_gate"]
@@ -182,15 +192,11 @@ def test_each_verdict_is_obeyed(
 
 
 def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
-    from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
-    store = _publish(root)
-    version = versions.load(store, "tiny", "v1")
-    model = versions.instantiate(version).eval()
+    model, tok = _tiny(root, 32)
     backend = get_backend("cpu")
     q, _ = precision.quantize_int8(model, backend)
-    tok = VariableTokenizer(version.tokenizer_json, 32)
     texts = ["wireless headphones", "usb-c cable 2m", "Das ist ein schöner Tag", "x " * 50]
     a = embed_texts(model, backend, tok, texts, (16, 32), 512, 64)
     b = embed_texts(q, backend, tok, texts, (16, 32), 512, 64)
@@ -201,17 +207,13 @@ def test_int8_vectors_stay_close_to_fp32(root: str) -> None:
 def test_bf16_vectors_stay_close_to_fp32(root: str) -> None:
     """The whole encoder in bf16 (packed forward, fp32 pooling): every vector within
     cosine 0.999 of fp32's, on long texts, several scripts and a batch of mixed lengths."""
-    from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
-    store = _publish(root)
-    version = versions.load(store, "tiny", "v1")
-    model = versions.instantiate(version).eval()
+    model, tok = _tiny(root)
     backend = get_backend("cpu")
     fast, info = precision.to_bf16(model, backend)
     assert next(fast.parameters()).dtype == torch.bfloat16
     assert next(model.parameters()).dtype == torch.float32  # a copy: fp32 stays for the gate
-    tok = VariableTokenizer(version.tokenizer_json, 64)  # tiny's max positions
     texts = [
         "wireless headphones",
         "usb-c cable 2m",
@@ -237,13 +239,9 @@ def test_packed_forward_under_autocast_as_the_cuda_backend_runs_it(
     cosine 0.999 of fp32's (before the fix, ``index_copy_`` refused to mix the dtypes on
     an H200)."""
     from embedfresh.ml.embedding import packed
-    from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
-    store = _publish(root)
-    version = versions.load(store, "tiny", "v1")
-    model = versions.instantiate(version).eval()
-    tok = VariableTokenizer(version.tokenizer_json, 64)
+    model, tok = _tiny(root)
     texts = ["wireless headphones", "无线蓝牙耳机 主动降噪", "running shoes " * 40] * 10
     reference = embed_texts(model, get_backend("cpu"), tok, texts, (16, 64), 1024, 64)
     monkeypatch.setattr(packed, "CHUNKED_DTYPES", ())  # layers called whole, as on cuda
@@ -263,13 +261,9 @@ def test_packed_pooling_adds_in_a_fixed_order(root, monkeypatch) -> None:
     twice on an H200 came out with other last bits (a killed run's re-run was not
     byte-equal to a clean run). With ``index_add_`` refused, the packed vectors still
     equal the padded forward's, long and multi-script texts in mixed-length batches."""
-    from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
-    store = _publish(root)
-    version = versions.load(store, "tiny", "v1")
-    model = versions.instantiate(version).eval()
-    tok = VariableTokenizer(version.tokenizer_json, 64)
+    model, tok = _tiny(root)
     texts = [
         "wireless headphones",
         "无线蓝牙耳机 主动降噪",
@@ -296,13 +290,10 @@ def test_packed_forward_on_either_gemm_route(root, monkeypatch, onednn: bool, dt
     AMD CPUs). fp32 stays within 1e-5 of the padded forward, bf16 within cosine 0.999 of
     it; either is byte-stable from call to call."""
     from embedfresh.ml.embedding import packed
-    from embedfresh.ml.embedding.bucketing import VariableTokenizer
     from embedfresh.ml.embedding.encode import embed_texts
 
     monkeypatch.setattr(packed, "onednn_is_faster", lambda: onednn)
-    store = _publish(root)
-    version = versions.load(store, "tiny", "v1")
-    model = versions.instantiate(version).eval()
+    model, tok = _tiny(root)
     torch.manual_seed(0)
     for dense in model.encoder.modules():  # BERT's init leaves biases at zero: not here
         if isinstance(dense, torch.nn.Linear):
@@ -315,7 +306,6 @@ def test_packed_forward_on_either_gemm_route(root, monkeypatch, onednn: bool, dt
         for dense in (layer.qkv, layer.attention_output, layer.intermediate, layer.output)
     }
     assert routes == ({"OneDnnLinear"} if onednn else {"Linear"})
-    tok = VariableTokenizer(version.tokenizer_json, 64)
     texts = ["wireless headphones", "无线蓝牙耳机 主动降噪", "Größe 44 " * 9, "shoes " * 60] * 9
     backend = get_backend("cpu")
     padded = embed_texts(model, backend, tok, texts, (16, 64), 1024, 64, packed=False)
