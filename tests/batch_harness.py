@@ -1175,7 +1175,9 @@ class BatchExecutor:
         if parent is None or parent.status in ENDED:
             return
         children = parent.children
-        starts = [c.started_ms for c in children if c.started_ms is not None]
+        # The first child start ever: a retried child's started_ms moves to its last
+        # attempt's, which must not move the parent's start later.
+        starts = [c.started_ms for c in (parent, *children) if c.started_ms is not None]
         if starts:
             parent.started_ms = min(starts)
         if all(c.status in ENDED for c in children):
