@@ -185,12 +185,15 @@ def _for_gemm(module: nn.Module) -> Layer:
     """``module`` with its weight reordered for oneDNN where oneDNN runs it: a dense fp32
     or bf16 CPU layer on a CPU where oneDNN is the faster library
     (:func:`onednn_is_faster`; bf16 there: 3% faster end to end than on ``addmm_``,
-    2026-11-27). Any other layer as it is."""
+    2026-11-27), bf16 only where oneDNN has a bf16 path (AVX512-BW/VL/DQ or
+    AVX-NE-CONVERT: its reorder refuses bf16 on an AVX2-only CPU). Any other layer as it
+    is."""
     if (
         _dense(module)
         and module.weight.device.type == "cpu"
         and module.weight.dtype in CHUNKED_DTYPES
         and onednn_is_faster()
+        and (module.weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
     ):
         return OneDnnLinear(module)
     return module
