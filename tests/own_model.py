@@ -35,7 +35,12 @@ def build_own_model(
     its own config names: the generic path) or ``mpnet`` (generic, positions offset by
     the pad id, no sdpa attention in transformers); ``pooling``: ``mean``, ``cls``, ``max``;
     ``dense``: a Dense module (tanh) to this many features after pooling; ``prompts``:
-    the model's query/document prompts."""
+    the model's query/document prompts.
+
+    Two builds are two models, even with the same ``seed``: the WordPiece trainer numbers
+    its vocabulary in hash-map order (``TOKENIZERS_PARALLELISM=false`` too), so token ids,
+    and with them the vectors, differ from build to build. Where two artifact roots must
+    agree, build once and publish the same directory into both."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import (
