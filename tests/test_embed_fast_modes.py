@@ -306,7 +306,7 @@ def test_packed_forward_on_either_gemm_route(root, monkeypatch, onednn: bool, dt
         for layer in prepared
         for dense in (layer.qkv, layer.attention_output, layer.intermediate, layer.output)
     }
-    reordered = onednn and (dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    reordered = onednn and (dtype == torch.float32 or packed.onednn_has(dtype))
     assert routes == ({"OneDnnLinear"} if reordered else {"Linear"})
     texts = ["wireless headphones", "无线蓝牙耳机 主动降噪", "Größe 44 " * 9, "shoes " * 60] * 9
     backend = get_backend("cpu")

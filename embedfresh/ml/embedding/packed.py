@@ -71,6 +71,13 @@ CHUNKED_DTYPES = (torch.float32, torch.bfloat16)
 ``quantize=bf16`` fast mode, AMX/AVX512-BF16 GEMMs through oneDNN)."""
 
 
+def onednn_has(dtype: torch.dtype) -> bool:
+    """Whether oneDNN has a GEMM path for ``dtype`` on this CPU: fp32 everywhere, bf16 only
+    with AVX512-BW/VL/DQ or AVX-NE-CONVERT (its weight reorder refuses bf16 on an
+    AVX2-only CPU)."""
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _dense(module: nn.Module) -> bool:
     return type(module) is nn.Linear
 
@@ -185,15 +192,14 @@ def _for_gemm(module: nn.Module) -> Layer:
     """``module`` with its weight reordered for oneDNN where oneDNN runs it: a dense fp32
     or bf16 CPU layer on a CPU where oneDNN is the faster library
     (:func:`onednn_is_faster`; bf16 there: 3% faster end to end than on ``addmm_``,
-    2026-11-27), bf16 only where oneDNN has a bf16 path (AVX512-BW/VL/DQ or
-    AVX-NE-CONVERT: its reorder refuses bf16 on an AVX2-only CPU). Any other layer as it
-    is."""
+    2026-11-27) and has a path for the layer's dtype (:func:`onednn_has`). Any other
+    layer as it is."""
     if (
         _dense(module)
         and module.weight.device.type == "cpu"
         and module.weight.dtype in CHUNKED_DTYPES
         and onednn_is_faster()
-        and (module.weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        and onednn_has(module.weight.dtype)
     ):
         return OneDnnLinear(module)
     return module
