@@ -1,8 +1,12 @@
 """Batch embeddings of a corpus with a model version: resolve -> list shards -> embed -> verify.
 
 Runs whenever the default model's Asset ``embedfresh://models/tiny`` is updated (a
-promotion by ``embedding_model_refresh``), and by hand for any corpus, model and version.
-An empty ``version`` means the registry's production version of ``model``.
+release by ``embedding_model_refresh``), and by hand for any corpus, model and version.
+An empty ``version`` means the registry's production version of ``model``. The refresh
+embeds its own release's corpora; this DAG embeds any other corpus (offline batch
+embedding): its output is a verified embedding set, which goes live only with a release.
+The embeddings a kept release carries never change: re-embedding them after their
+corpus changed is refused, naming the release.
 
 How the shards fan out is a deployment setting, read when the DAG file is parsed
 (the graph differs), from ``EMBEDFRESH_EMBED_FAN_OUT``:
@@ -20,8 +24,8 @@ How the shards fan out is a deployment setting, read when the DAG file is parsed
   Param's default (1,000).
 
 Either way ``verify`` (the same operator; on AWS Batch too with ``array``) checks every
-shard against the corpus, writes the manifest and updates the Asset ``embedfresh://embeddings/<model>/<corpus>``. docs/SCALING.md says
-where each one stops scaling.
+shard against the corpus and writes the manifest. docs/SCALING.md says where each one
+stops scaling.
 
 The Params' defaults run the embedded demo on CPU (after ``python -m embedfresh.jobs.generate_data``
 and a promotion, or with ``version`` set to a published model version).
@@ -128,8 +132,8 @@ with DAG(
             shards_per_task="{{ params.shards_per_task }}",
         )
         embed = BatchEmbeddingOperator.partial(
-            task_id="embed", **COMMON_JOB_ARGS, version=VERSION, corpus="{{ params.corpus }}"
-        ).expand(shards=list_shards.output)
+            task_id="embed", **COMMON_JOB_ARGS, version=VERSION
+        ).expand_kwargs(list_shards.output)
         resolve_version >> list_shards >> embed >> verify
     else:
         embed_array = BatchArrayEmbeddingOperator(

@@ -1,19 +1,27 @@
-"""Daily refresh of the production embedding model, from health check to published embeddings.
+"""Daily refresh of the production embedding model, released with its corpus embeddings.
 
-health -> compile -> train -> evaluate -> gate -> promote -> list_shards -> embed (mapped)
--> verify.
+health -> compile -> train -> evaluate -> gate -> corpora -> list_shards -> embed
+(mapped, the candidate) -> verify -> load_index -> search_check -> release (verify,
+load_index and search_check mapped once per corpus).
 
-``health`` checks the run's inputs in the store (the model, the corpus: a missing one
+``health`` checks the run's inputs in the store (the model, the corpora: a missing one
 fails the run naming what is there) and the devices and links the run will use (a
-faulty one fails the run before anything expensive starts, no retry); ``compile`` traces the training graphs into
-the shared compile cache (a hit takes seconds); ``train`` trains the production model
-incrementally on the data interval's partition (resuming from its last checkpoint on a
-retry, with exponential backoff); ``evaluate`` scores it on the fixed held-out set;
-``gate`` lets it through only on PASS (the 0.1% SLA; no retry) and ``promote`` moves the
-production pointer, which updates the Asset ``embedfresh://models/<model>``. Then the
-``products`` corpus is embedded with the promoted version, one mapped ``embed`` task per
-shard, and ``verify`` writes the manifest and updates the Asset
-``embedfresh://embeddings/<model>/products``.
+faulty one fails the run before anything expensive starts, no retry); ``compile`` traces
+the training graphs into the shared compile cache (a hit takes seconds); ``train`` trains
+the production model incrementally on the data interval's partition (resuming from its
+last checkpoint on a retry, with exponential backoff); ``evaluate`` scores it on the
+fixed held-out set; ``gate`` lets it through only on PASS (the 0.1% SLA; no retry).
+
+Then the candidate, not yet live, is made ready to serve, for every corpus of the
+``corpora`` Param (default ``products``): ``embed`` (one mapped task per shard) and
+``verify`` write its verified embedding set, ``load_index`` loads it into the release's
+own table of the vector index (pgvector; the embedded server by default), and
+``search_check`` proves search on that table (faithful to the exact search, and no worse
+than the live release's). Only then does ``release`` make the model and its document
+vectors live together, by compare-and-swap, and announce the Assets
+``embedfresh://models/<model>`` and ``embedfresh://embeddings/<model>/<corpus>``. Until
+that moment a search service reading the live release gets the previous one, whole; a
+failed embed, verify, load or check leaves it untouched and says why in its task.
 
 A Deadline Alert watches the whole run: if it is not done within
 ``EMBEDFRESH_REFRESH_DEADLINE_SECONDS`` (default 6 hours) of being queued, the breach is
@@ -49,24 +57,30 @@ from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
     BatchEmbeddingOperator,
+    CorporaOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     EvaluationOperator,
     IncrementalTrainingOperator,
-    PromoteModelOperator,
+    IndexLoadOperator,
     QualityGateOperator,
+    ReleaseOperator,
+    SearchCheckOperator,
 )
 from embedfresh.operators.deadline import refresh_deadline_alert
 from embedfresh.operators.params import (
     COMMON_JOB_ARGS,
     DAY_ARG,
+    INDEX_ARGS,
     common_params,
+    corpora_param,
     day_param,
     gate_metrics_param,
 )
 
-CORPUS = "products"
-PROMOTED = "{{ ti.xcom_pull(task_ids='promote')['production'] }}"
+CORPORA = "{{ params.corpora | tojson }}"
+# The candidate: the version the run's train job published (named after the run).
+CANDIDATE = "{{ run_id }}"
 # What the compile trial and the training share, so the trial traces the same graphs.
 TRAINING = {
     **COMMON_JOB_ARGS,
@@ -77,7 +91,8 @@ TRAINING = {
 
 with DAG(
     "embedding_model_refresh",
-    description="Incremental refresh of the production embedding model behind a quality gate",
+    description="Incremental refresh of the production embedding model, released with its "
+    "corpus embeddings behind a quality gate and a search check",
     doc_md=__doc__,
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -95,6 +110,7 @@ with DAG(
             description="Processes per node for health, compile and train (torchrun)",
         ),
         "gate_metrics": gate_metrics_param(),
+        "corpora": corpora_param(),
         "day": day_param(),
     },
     tags=["embedfresh"],
@@ -105,7 +121,7 @@ with DAG(
         task_id="health",
         **COMMON_JOB_ARGS,
         nproc_per_node="{{ params.nproc }}",
-        check_inputs={"corpus": CORPUS},
+        check_inputs={"corpus": "{{ params.corpora | join(',') }}"},
         retries=0,
     )
     compile_graphs = AheadOfTimeCompileOperator(task_id="compile", **TRAINING)
@@ -123,17 +139,26 @@ with DAG(
         metrics="{{ params.gate_metrics | tojson }}",
         retries=0,
     )
-    promote = PromoteModelOperator(task_id="promote", **COMMON_JOB_ARGS)
 
+    corpora = CorporaOperator(
+        task_id="corpora", artifact_root="{{ params.artifact_root }}", corpora=CORPORA
+    )
     list_shards = CorpusShardsOperator(
-        task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpus=CORPUS
+        task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpora=corpora.output
     )
     embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON_JOB_ARGS, version=PROMOTED, corpus=CORPUS
-    ).expand(shards=list_shards.output)
-    verify = EmbeddingVerifyOperator(
-        task_id="verify", **COMMON_JOB_ARGS, version=PROMOTED, corpus=CORPUS
-    )
+        task_id="embed", **COMMON_JOB_ARGS, version=CANDIDATE
+    ).expand_kwargs(list_shards.output)
+    verify = EmbeddingVerifyOperator.partial(
+        task_id="verify", **COMMON_JOB_ARGS, version=CANDIDATE
+    ).expand(corpus=corpora.output)
+    load_index = IndexLoadOperator.partial(
+        task_id="load_index", **COMMON_JOB_ARGS, **INDEX_ARGS
+    ).expand(corpus=corpora.output)
+    search_check = SearchCheckOperator.partial(
+        task_id="search_check", **COMMON_JOB_ARGS, **INDEX_ARGS, retries=0
+    ).expand(corpus=corpora.output)
+    release = ReleaseOperator(task_id="release", **COMMON_JOB_ARGS, **INDEX_ARGS, corpora=CORPORA)
 
     (
         health
@@ -141,8 +166,11 @@ with DAG(
         >> train
         >> evaluate
         >> gate
-        >> promote
+        >> corpora
         >> list_shards
         >> embed
         >> verify
+        >> load_index
+        >> search_check
+        >> release
     )

@@ -1,16 +1,22 @@
-"""Airflow operators for the embedfresh jobs: ``from operators import IncrementalTrainingOperator``.
+"""Airflow operators for the embedfresh jobs: ``from embedfresh.operators import IncrementalTrainingOperator``.
 
 Nothing here imports torch, torch_xla, boto3 or transformers at module level: the jobs
 run in their own processes (ruff TID253 keeps it so).
 """
 
-from embedfresh.operators.assets import EMBEDDING_PUBLICATIONS_ALIAS, embeddings_asset
+from embedfresh.operators.assets import (
+    EMBEDDING_PUBLICATIONS_ALIAS,
+    MODEL_PROMOTIONS_ALIAS,
+    embeddings_asset,
+    model_asset,
+)
 from embedfresh.operators.base import EmbedfreshJobOperator
 from embedfresh.operators.compile import AheadOfTimeCompileOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import (
     BatchArrayEmbeddingOperator,
     BatchEmbeddingOperator,
+    CorporaOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     ResolveModelVersionOperator,
@@ -20,14 +26,15 @@ from embedfresh.operators.gate import QualityGateOperator
 from embedfresh.operators.health import AcceleratorHealthOperator
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.parity import BackendParityOperator
-from embedfresh.operators.promote import (
-    MODEL_PROMOTIONS_ALIAS,
-    PromoteAnywayOperator,
-    PromoteModelOperator,
-    RollbackOperator,
-    model_asset,
-)
 from embedfresh.operators.registry import production_version
+from embedfresh.operators.release import (
+    GarbageCollectOperator,
+    IndexLoadOperator,
+    ReleaseOperator,
+    RollbackOperator,
+    SearchCheckOperator,
+    VectorIndexOperator,
+)
 from embedfresh.operators.runners import (
     AwsBatchRunner,
     BatchSettings,
@@ -50,21 +57,25 @@ __all__ = [
     "BatchArrayEmbeddingOperator",
     "BatchEmbeddingOperator",
     "BatchSettings",
+    "CorporaOperator",
     "CorpusShardsOperator",
     "EmbedfreshJobOperator",
     "EmbeddingVerifyOperator",
     "EvaluationOperator",
     "ExecutionMode",
+    "GarbageCollectOperator",
     "IncrementalTrainingOperator",
+    "IndexLoadOperator",
     "JobResult",
     "JobSpec",
     "LocalRunner",
-    "PromoteAnywayOperator",
-    "PromoteModelOperator",
     "QualityGateOperator",
+    "ReleaseOperator",
     "ResolveModelVersionOperator",
     "RollbackOperator",
     "Runner",
+    "SearchCheckOperator",
+    "VectorIndexOperator",
     "embeddings_asset",
     "model_asset",
     "production_version",

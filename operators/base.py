@@ -114,7 +114,7 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
         settings are documented under; give one or the other.
     :param check_inputs: the run's inputs to check in the store before the job starts
         (errors at the door, for a DAG's first task): ``{"corpus": name, "version": name}``,
-        either or both; when given, ``model`` is checked too (a preset or a model with a
+        either or both (several corpora as ``"a,b"``); when given, ``model`` is checked too (a preset or a model with a
         production version). Empty: nothing checked (templated).
     :raises AirflowFailException: exit code 2, 3 or 4 (no retry), a missing input
         named by ``check_inputs`` (with what the store holds), or a template that does
@@ -253,8 +253,9 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
             inputs.check_model(store, self.model)
             if self.check_inputs.get("version"):
                 inputs.check_version(store, self.model, self.check_inputs["version"])
-            if self.check_inputs.get("corpus"):
-                inputs.check_corpus(store, self.check_inputs["corpus"])
+            for corpus in str(self.check_inputs.get("corpus") or "").split(","):
+                if corpus.strip():  # one corpus, or several as "a,b"
+                    inputs.check_corpus(store, corpus.strip())
         except BadInputError as e:
             raise AirflowFailException(str(e)) from e
         self.log.info(

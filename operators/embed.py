@@ -9,7 +9,7 @@ Two fan-outs, one verify step:
   ``BatchArrayEmbeddingOperator(execution_mode="aws_batch", ...)``, one task that plans
   the pending shards and submits one array job whose children embed a slice each;
 
-then ``EmbeddingVerifyOperator`` (counts against the corpus, manifest, Asset) for both.
+then ``EmbeddingVerifyOperator`` (counts against the corpus, manifest) for both.
 The listing operators run in the worker itself and stay light: no torch, only the
 artifact store. docs/SCALING.md says when to choose which.
 """
@@ -23,11 +23,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from embedfresh.operators.assets import (
-    EMBEDDING_PUBLICATIONS_ALIAS,
-    EMBEDDINGS_ASSET_URI,
-    AssetAnnouncingOperator,
-)
 from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.registry import production_version
@@ -85,18 +80,57 @@ class ResolveModelVersionOperator(FailFastTemplatesMixin, BaseOperator):
         return version
 
 
-class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
-    """Lists a corpus's shard indices in chunks, the input of a mapped embed task.
-
-    Returns e.g. ``[[0], [1], [2]]`` (``shards_per_task=1``) or ``[[0, 1], [2]]`` (2).
+class CorporaOperator(FailFastTemplatesMixin, BaseOperator):
+    """Returns the corpora a run embeds, each checked in the store: what the tasks mapped
+    once per corpus expand over (``.expand(corpus=corpora.output)``).
 
     :param artifact_root: root URL of the artifact store (templated).
-    :param corpus: corpus name, ``corpora/<corpus>/part-NNNNN.parquet`` (templated).
-    :param shards_per_task: shards one mapped embed task takes (templated).
-    :raises AirflowFailException: the corpus has no shard.
+    :param corpora: a list, or its JSON (``"{{ params.corpora | tojson }}"``) (templated).
+    :raises AirflowFailException: none named, or one without shards (naming those there are).
     """
 
-    template_fields: Sequence[str] = ("artifact_root", "corpus", "shards_per_task")
+    template_fields: Sequence[str] = ("artifact_root", "corpora")
+    ui_color = "#f0f0f0"
+
+    def __init__(self, *, artifact_root: str, corpora: Sequence[str] | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.artifact_root = artifact_root
+        self.corpora = corpora
+
+    def execute(self, context: Any) -> list[str]:
+        from embedfresh.core import inputs
+        from embedfresh.core.exit_codes import BadInputError
+        from embedfresh.core.storage import ArtifactStore
+
+        names = corpora_list(self.corpora)
+        if not names:
+            raise AirflowFailException("no corpus named: corpora is empty")
+        try:
+            store = ArtifactStore(self.artifact_root)
+            for name in names:
+                inputs.check_corpus(store, name)
+        except BadInputError as e:
+            raise AirflowFailException(str(e)) from e
+        return names
+
+
+class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
+    """Lists the shards of one corpus or several, in chunks: the keyword arguments of a
+    mapped embed task (``.expand_kwargs(list_shards.output)``).
+
+    Returns e.g. ``[{"corpus": "products", "shards": [0]}, {"corpus": "products",
+    "shards": [1]}]`` (``shards_per_task=1``); with two shards a task, ``[0, 1]``.
+
+    :param artifact_root: root URL of the artifact store (templated).
+    :param corpus: one corpus, ``corpora/<corpus>/part-NNNNN.parquet`` (templated).
+    :param corpora: several, instead of ``corpus``: a list, its JSON (a templated Param:
+        ``"{{ params.corpora | tojson }}"``), or a :class:`CorporaOperator`'s output
+        (templated).
+    :param shards_per_task: shards one mapped embed task takes (templated).
+    :raises AirflowFailException: a corpus has no shard, or none is named.
+    """
+
+    template_fields: Sequence[str] = ("artifact_root", "corpus", "corpora", "shards_per_task")
     ui_color = "#f0f0f0"
 
     def __init__(
@@ -104,15 +138,17 @@ class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
         *,
         artifact_root: str,
         corpus: str = "products",
+        corpora: Sequence[str] | str | None = None,
         shards_per_task: int | str = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.artifact_root = artifact_root
         self.corpus = corpus
+        self.corpora = corpora
         self.shards_per_task = shards_per_task
 
-    def execute(self, context: Any) -> list[list[int]]:
+    def execute(self, context: Any) -> list[dict[str, Any]]:
         from embedfresh.core.exit_codes import BadInputError
         from embedfresh.core.shards import corpus_shards
         from embedfresh.core.storage import ArtifactStore
@@ -120,13 +156,35 @@ class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
         k = int(self.shards_per_task)
         if k < 1:
             raise AirflowFailException(f"shards_per_task must be >= 1, got {k}")
-        try:
-            indices = list(corpus_shards(ArtifactStore(self.artifact_root), self.corpus))
-        except BadInputError as e:
-            raise AirflowFailException(str(e)) from e
-        chunks = [indices[i : i + k] for i in range(0, len(indices), k)]
-        self.log.info("corpus %s: %d shards in %d tasks", self.corpus, len(indices), len(chunks))
+        names = [self.corpus] if self.corpora is None else corpora_list(self.corpora)
+        if not names:
+            raise AirflowFailException("no corpus to embed: corpora is empty")
+        store = ArtifactStore(self.artifact_root)
+        chunks = []
+        for name in names:
+            try:
+                indices = list(corpus_shards(store, name))
+            except BadInputError as e:
+                raise AirflowFailException(str(e)) from e
+            chunks += [
+                {"corpus": name, "shards": indices[i : i + k]} for i in range(0, len(indices), k)
+            ]
+            self.log.info("corpus %s: %d shards", name, len(indices))
+        self.log.info("%d embed task(s) over %d corpus(es)", len(chunks), len(names))
         return chunks
+
+
+def corpora_list(value: Sequence[str] | str) -> list[str]:
+    """Corpora from a list, its JSON (a rendered Param) or a comma-separated string."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = [c.strip() for c in value.split(",") if c.strip()]
+        value = parsed if isinstance(parsed, list) else [parsed]
+    return [str(c) for c in value]
 
 
 class _EmbedJobOperator(EmbedfreshJobOperator):
@@ -459,23 +517,15 @@ def _reused(planned: dict, children: list[dict], key: str) -> int:
     return int(planned.get(key, 0)) + sum(int(c.get(key, 0)) for c in children)
 
 
-class EmbeddingVerifyOperator(AssetAnnouncingOperator, _EmbedJobOperator):
+class EmbeddingVerifyOperator(_EmbedJobOperator):
     """Verifies a corpus's embeddings and writes their manifest (``python -m embedfresh.jobs.embed_verify``).
 
-    On success updates the Asset ``embedfresh://embeddings/<model>/<corpus>``: as a static
-    outlet when both are plain strings, else through the Asset alias
-    ``embedfresh-embedding-publications``. The event's extra holds the ``version``, the
-    ``manifest`` URL and the ``rows``.
+    Announces nothing: an embedding set goes live, and its Asset
+    ``embedfresh://embeddings/<model>/<corpus>`` is updated, only with the release that
+    carries it (:class:`~embedfresh.operators.ReleaseOperator`), together with its model.
 
     :param version: model version the embeddings come from (templated).
     :param corpus: corpus name (templated).
     """
 
     job_name = "embed_verify"
-    asset_alias = EMBEDDING_PUBLICATIONS_ALIAS
-    asset_uri = EMBEDDINGS_ASSET_URI
-    asset_defaults = {"model": "tiny", "corpus": "products"}
-    asset_extra_keys = {"manifest": "manifest", "rows": "rows"}
-
-    def asset_extra(self, summary: dict[str, Any]) -> dict[str, Any]:
-        return {"version": self.version, **super().asset_extra(summary)}

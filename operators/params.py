@@ -8,6 +8,7 @@ fresh checkout (local artifact store, ``tiny`` model, ``cpu``).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -136,6 +137,26 @@ def model_param() -> Param:
         description="Model name: a preset (tiny, minilm) or your own model, published with "
         "python -m embedfresh.jobs.publish_model",
     )
+
+
+def corpora_param() -> Param:
+    """The corpora a release carries: each is embedded with the candidate, loaded into the
+    vector index and search-checked before the release goes live."""
+    return Param(
+        ["products"],
+        type="array",
+        items={"type": "string", "pattern": r"^[A-Za-z0-9._:+=-]{1,200}$"},
+        minItems=1,
+        uniqueItems=True,
+        description="Corpora released with the model (corpora/<name>/): embedded, loaded "
+        "into the vector index and search-checked before the release goes live",
+    )
+
+
+#: The vector index's Airflow connection, a deployment setting read when a DAG file is
+#: parsed (``EMBEDFRESH_INDEX_CONN_ID``): a PostgreSQL with pgvector. Unset: the worker's
+#: ``EMBEDFRESH_INDEX_DSN``, else the embedded server (docs/SEARCH.md).
+INDEX_ARGS = {"index_conn_id": os.environ.get("EMBEDFRESH_INDEX_CONN_ID") or None}
 
 
 def gate_metrics_param() -> Param:

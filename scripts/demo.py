@@ -3,18 +3,22 @@
 Generates the data set into a local artifact folder, prepares a project-local Airflow
 (``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for two
 consecutive days (each a manual run given its ``day`` Param), each in a fresh
-interpreter: health -> compile
--> train -> evaluate -> gate -> promote -> embed (one mapped task per corpus shard) ->
-verify, every job a ``python -m embedfresh.jobs.<name>`` process as in production. Day 2 trains
-incrementally from the model day 1 promoted. Ends with a short summary: per day the gate
-decision and metrics, the production version, where the embeddings are, compute-hours
-and the estimated cost. Run it with ``make demo``; ``make airflow`` then shows the same
+interpreter: health -> compile -> train -> evaluate -> gate -> embed the candidate (one
+mapped task per corpus shard) -> verify -> load_index -> search_check -> release, every
+job a ``python -m embedfresh.jobs.<name>`` process as in production. Day 2 trains
+incrementally from the model day 1 released. Ends with a short summary: per day the gate
+decision and metrics, the search check's figures and the release, then the live release
+with its vector index (the embedded PostgreSQL + pgvector under the artifact root) and
+a query searched through ``python -m embedfresh.jobs.search``, compute-hours and the
+estimated cost. Run it with ``make demo``; ``make airflow`` then shows the same
 runs in the web UI (same AIRFLOW_HOME and artifact root), as a scheduler's runs read: real
 start and end times, and each task's log where the api-server looks for it.
 
 The gate decides day 2 on the demo's 10,000 eval rows because recall@10 is measured over
 a fixed pool of 100 candidates per query (docs/GATE.md); a run whose gate does not PASS
-fails at ``gate``, production stays where it was, and the summary says why.
+fails at ``gate``, the live release stays where it was, and the summary says why. The
+corpus is the whole product catalogue (24,000 products), so every eval query's relevant
+products are in it and the search check measures them all (docs/SEARCH.md).
 """
 
 from __future__ import annotations
@@ -213,6 +217,7 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
         return store.read_json(rel) if store.exists(rel) else None
 
     train, evaluated, gate = report("train"), report("eval"), report("gate")
+    check = report("search-products")
     lines = [f"{day}  (run {run_id}: {facts['state']}, {facts['seconds']} s)"]
     if train:
         init = train.get("init", {})
@@ -250,6 +255,20 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             )
     else:
         lines.append("    gate: not reached (see the task log)")
+    if check:
+        against = (check.get("regression") or {}).get("with") or {}
+        versus = (
+            f" vs release {against['release']} {against['recall_at_10']:.4f}" if against else ""
+        )
+        lines.append(
+            f"    search check: {check['verdict']}: ANN recall@10 {check['ann_recall']:.4f} "
+            f"(min {check['min_ann_recall']}), recall@10 over the corpus "
+            f"{check['recall_at_10']:.4f}{versus} ({check['queries']} queries; latency p50 "
+            f"{check['latency_ms']['p50']} ms, p99 {check['latency_ms']['p99']} ms)"
+        )
+        lines.append(f"      {check['reason']}")
+    release = report_release(store, run_id)
+    lines.append(f"    release: {release}")
     costs = read_run_costs(store, "tiny", run_id)
     if costs:
         total = run_cost_total(costs)
@@ -260,6 +279,29 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             f"${total['estimated_cost_usd']:.6f} as {costs[0]['instance_type']}"
         )
     return lines
+
+
+def report_release(store, run_id: str) -> str:
+    """Whether the run made a release, and what it carries."""
+    from embedfresh.core import layout
+    from embedfresh.core.releases import read_release
+
+    if not store.exists(layout.release("tiny", run_id)):
+        return "none (the live release stays)"
+    release = read_release(store, "tiny", run_id)
+    tables = ", ".join(f"{c} -> {e.table} ({e.rows} rows)" for c, e in release.corpora.items())
+    return f"{release.release} (version {release.version}): {tables}"
+
+
+def search_once(env: dict[str, str], root: str, query: str) -> list[str]:
+    """The search CLI, as a person runs it, on the live release."""
+    cmd = [sys.executable, "-m", "embedfresh.jobs.search", "--set", f"artifact_root={root}",
+           "--set", f"query={query}", "--set", "k=5"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return [f"search failed (exit {done.returncode}): {done.stderr.strip()[-500:]}"]
+    shown = f'python -m embedfresh.jobs.search --set artifact_root={root} --set query="{query}" --set k=5'
+    return [f"$ {shown}", *done.stdout.splitlines()[:-1]]
 
 
 def main() -> None:
@@ -275,8 +317,10 @@ def main() -> None:
     parser.add_argument("--start", default="2026-01-01", help="first data day")
     parser.add_argument("--train-rows", type=int, default=4000, help="training rows per day")
     parser.add_argument("--eval-rows", type=int, default=10000, help="held-out eval rows")
-    parser.add_argument("--corpus-rows", type=int, default=5000)
-    parser.add_argument("--corpus-shard-rows", type=int, default=1000)
+    parser.add_argument(
+        "--corpus-rows", type=int, default=24000, help="the whole catalogue: every eval product"
+    )
+    parser.add_argument("--corpus-shard-rows", type=int, default=6000)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 
@@ -325,16 +369,22 @@ def main() -> None:
     print("\n=== embedded demo: summary ===")
     for day, facts in results:
         print("\n".join(day_summary(store, day, facts)))
-    from embedfresh.core.registry import Registry
+    from embedfresh.core.releases import live_release
 
-    production = Registry(store, "tiny").production_version()
-    print(f"production: tiny {production}  (registry {store.url('models/tiny/registry.json')})")
-    manifests = [
-        store.url(rel)
-        for _, facts in results
-        if store.exists(rel := f"embeddings/tiny/{facts['run_id']}/products/_MANIFEST.json")
-    ]
-    print("embeddings: " + ("\n            ".join(manifests) or "none published"))
+    live = live_release(store, "tiny")
+    production = live.version if live else None
+    print(
+        f"production: tiny {production}, release {live.release if live else None}  "
+        f"(registry {store.url('models/tiny/registry.json')})"
+    )
+    if live and live.corpora:
+        entry = live.corpus("products")
+        print(f"embeddings: {entry.manifest}")
+        print(f"index:      {entry.index['location']}: table {entry.table}, live view "
+              f"embedfresh.{entry.index['live_view']}")  # fmt: skip
+        print("\n".join(search_once(env, root, "pilates mat")))
+    else:
+        print("embeddings: none released")
     print(f"reports:    {store.url('runs/tiny')}/<run id>/reports/")
     print(f"airflow:    {home} (make airflow shows these runs in the web UI)")
 

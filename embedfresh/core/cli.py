@@ -64,13 +64,16 @@ def run_job(
     config_cls: type[C],
     fn: Callable[[C], dict[str, Any]],
     argv: Sequence[str] | None = None,
+    *,
+    read_only: bool = False,
 ) -> int:
     """Parse arguments, run ``fn(config)``, record and print its summary, return the exit code.
 
     The result record goes to ``runs/{model}/{run_id}/results/{result name}.json`` of the
     config's store, written after ``fn`` returned and before the summary is printed, so a
     record exists only for an execution that succeeded. Under torchrun only global rank 0
-    writes it: the other ranks return their own small summaries.
+    writes it: the other ranks return their own small summaries. A ``read_only`` program
+    (a search at a shell) takes no lease and writes no record: it only prints.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m embedfresh.jobs.{name}",
@@ -109,9 +112,10 @@ def run_job(
         result_name = array_child_name(safe_id(args.result_name or name, "result name"))
         config = load_config(config_cls, args.config, args.overrides)
         started_at = dt.datetime.now(dt.UTC)
-        with _sigterm_exits_75(), _lease(name, config):  # one writer per unit of work
+        lease = contextlib.nullcontext() if read_only else _lease(name, config)
+        with _sigterm_exits_75(), lease:  # one writer per unit of work
             summary = fn(config)
-            if _is_global_rank_zero():
+            if _is_global_rank_zero() and not read_only:
                 url = write_result(
                     config,
                     job=name,
@@ -312,5 +316,7 @@ def _is_global_rank_zero() -> bool:
     return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def main_for(name: str, config_cls: type[C], fn: Callable[[C], dict[str, Any]]) -> None:
-    sys.exit(run_job(name, config_cls, fn))
+def main_for(
+    name: str, config_cls: type[C], fn: Callable[[C], dict[str, Any]], *, read_only: bool = False
+) -> None:
+    sys.exit(run_job(name, config_cls, fn, read_only=read_only))

@@ -11,7 +11,8 @@ All paths are relative to the root and built here only, so the layout has one ow
     runs/{model}/{run_id}/results/{name}.json                  a job's result record
     runs/{model}/_index.json                                   run index (derived, for the UI)
     models/{model}/versions/{version}/...                      + COMMIT written last
-    models/{model}/registry.json
+    models/{model}/registry.json                               live release pointer + history
+    models/{model}/releases/{release}.json                     a release, immutable
     embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
 """
 
@@ -130,6 +131,20 @@ def model_versions(model: str) -> str:
 
 def registry(model: str) -> str:
     return f"models/{safe_id(model, 'model')}/registry.json"
+
+
+def releases(model: str) -> str:
+    return f"models/{safe_id(model, 'model')}/releases"
+
+
+def release(model: str, release_id: str) -> str:
+    """A release: the model version, its corpora's embedding sets and index tables."""
+    return f"{releases(model)}/{safe_id(release_id, 'release')}.json"
+
+
+def embeddings_root(model: str) -> str:
+    """Every embedding set of ``model``: ``{version}/{corpus}/`` under it."""
+    return f"embeddings/{safe_id(model, 'model')}"
 
 
 def embeddings(model: str, version: str, corpus_name: str) -> str:

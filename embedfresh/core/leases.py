@@ -50,6 +50,19 @@ def _iso(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
 
 
+def live_holders(store: ArtifactStore, model: str, run_id: str) -> list[dict[str, Any]]:
+    """The leases of run ``run_id`` whose holders may still be working (not expired, not
+    provably gone): a run that is writing. Garbage collection leaves its outputs alone."""
+    directory = f"{layout.run_dir(model, run_id)}/leases"
+    now = time.time()
+    held = []
+    for name in store.listdir(directory):
+        doc = Lease._read(store, f"{directory}/{name}")
+        if doc and Lease._gone(doc, now) is None:
+            held.append(doc)
+    return held
+
+
 class Lease:
     """A held lease; :meth:`acquire` takes one, :meth:`release` gives it back."""
 

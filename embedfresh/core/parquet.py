@@ -25,14 +25,18 @@ def read_parquet(store: ArtifactStore, rel: str) -> pa.Table:
 
     :raises BadInputError: the object is not a readable Parquet file.
     """
-    data = store.read_bytes(rel)
+    return read_parquet_bytes(store.read_bytes(rel), store.url(rel))
+
+
+def read_parquet_bytes(data: bytes, url: str) -> pa.Table:
+    """:func:`read_parquet` of bytes already read (``url`` names them in errors)."""
     out = pa.BufferOutputStream()
     out.write(data)
     del data
     try:
         return pq.read_table(pa.BufferReader(out.getvalue()))
     except (pa.ArrowInvalid, OSError) as e:
-        raise BadInputError(f"{store.url(rel)} is not a readable Parquet file: {e}") from e
+        raise BadInputError(f"{url} is not a readable Parquet file: {e}") from e
 
 
 @contextlib.contextmanager

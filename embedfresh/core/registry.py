@@ -1,16 +1,21 @@
-"""The model registry: ``models/{model}/registry.json``, production pointer + history.
+"""The model registry: ``models/{model}/registry.json``, the live release + history.
 
-The pointer moves only through :meth:`Registry.promote` (a run's gated candidate),
-:meth:`Registry.promote_anyway` (a version the gate did not pass, by a person, with a
-reason: the one exception to "only PASS promotes") and :meth:`Registry.rollback` (back
-to an earlier production version, by a person), all through one compare-and-swap on the registry's version tag (a conditional PUT on S3, a
-locked check-and-rename on disk), so two concurrent writers can never both win and a
-failed run never touches it. Before it moves, every file of the target version is
-verified, streamed, against the sizes and sha256 of its COMMIT marker
-(:func:`embedfresh.core.markers.verify`): a damaged version never becomes production.
-A move that is already done (the same run's promotion, a rollback to the version in
-production) writes nothing and says so, so a retried task succeeds. A registry that
-does not parse is an error, never silently reset.
+The production pointer names a release (:mod:`embedfresh.core.releases`: the model
+version with its corpora's embedding sets and index tables) and moves only through
+:meth:`Registry.release` (a run's gated release, or a person's "promote anyway" with a
+reason: the one exception to "only PASS releases") and :meth:`Registry.rollback` (back to
+an earlier release retention keeps, by a person), all through one compare-and-swap on the
+registry's version tag (a conditional PUT on S3, a locked check-and-rename on disk), so
+two concurrent writers can never both win and a failed run never touches it. Before it
+moves, every file of the release's model version is verified, streamed, against the
+sizes and sha256 of its COMMIT marker (:func:`embedfresh.core.markers.verify`): a damaged
+version never becomes production. A move that is already done (the same run's release,
+a rollback to the live release) writes nothing and says so, so a retried task succeeds.
+A registry that does not parse is an error, never silently reset.
+
+Each production entry and history entry records the ``version`` and the ``release``;
+entries written before releases existed have a version only, and read as a bare pointer
+(:attr:`embedfresh.core.releases.Release.legacy`).
 """
 
 from __future__ import annotations
@@ -24,9 +29,14 @@ from typing import Any
 
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError, ConflictError
+from embedfresh.core.releases import Release, kept_releases
 from embedfresh.core.storage import ArtifactStore, json_bytes
 
 log = logging.getLogger(__name__)
+
+#: :meth:`Registry.release` and :meth:`Registry.rollback` check nothing for an
+#: expectation left at this.
+ANY = object()
 
 PROMOTE = "promote"
 ROLLBACK = "rollback"
@@ -54,11 +64,21 @@ class Move:
     def version(self) -> str:
         return self.doc["production"]["version"]
 
+    @property
+    def release(self) -> str | None:
+        return self.doc["production"].get("release")
+
+    @property
+    def previous_release(self) -> str | None:
+        return self.doc["production"].get("previous_release")
+
     def summary(self, registry_url: str) -> dict[str, Any]:
         """What a job that moved (or found moved) the pointer reports."""
         check = self.verification
         return {
             "production": self.version,
+            "release": self.release,
+            "previous_release": self.previous_release,
             "previous": self.previous,
             "already": self.already,
             "registry": registry_url,
@@ -115,141 +135,129 @@ class Registry:
             return None
         return doc["production"]["version"]
 
-    def former_production_versions(self, doc: dict[str, Any] | None = None) -> list[str]:
-        """Versions that were production once and are not now, the most recent first."""
-        if doc is None:
-            doc, _ = self.read()
-        if doc is None:
-            return []
-        current = (doc.get("production") or {}).get("version")
-        seen: list[str] = []
-        for entry in reversed(doc["history"]):
-            version = entry.get("version") if isinstance(entry, dict) else None
-            if isinstance(version, str) and version != current and version not in seen:
-                seen.append(version)
-        return seen
-
-    def promote(
-        self, version: str, expected_previous: str | None, decision: dict[str, Any]
+    def release(
+        self,
+        release: Release,
+        *,
+        action: str = PROMOTE,
+        details: dict[str, Any],
+        expected_version: str | None | object = ANY,
+        expected_release: str | None | object = ANY,
     ) -> Move:
-        """Point production at ``version`` if production is still ``expected_previous``.
+        """Make ``release`` live: the one way a new release (or a first version) goes live.
 
-        Idempotent for the run that promoted: when production already is ``version``,
-        promoted by this ``decision["run_id"]``, nothing is written and the returned
-        move says ``already`` (an orchestrator's retry after a lost worker succeeds).
+        ``action`` is :data:`PROMOTE` (after the gate's PASS: the compare-and-swap
+        expects production to still be ``expected_version``, the version the gate
+        decided against, and the live release to be ``expected_release``, the one the
+        search check compared with; :data:`ANY` checks nothing) or
+        :data:`PROMOTE_ANYWAY` (a person's override, with ``details["who"]`` and
+        ``["why"]``: the one exception to "only PASS releases"; refused when the
+        release is live already). Idempotent for the run that did it: the release live
+        by this ``details["run_id"]`` and ``action`` writes nothing and says ``already``.
 
         :raises ConflictError: production moved since the caller read it (another run
-            promoted first, or won the compare-and-swap); nothing was written.
-        :raises BadInputError: ``version`` is not committed, or one of its files does not
-            match its COMMIT marker (named, with what is wrong); nothing was written.
+            released first, or won the compare-and-swap); nothing was written.
+        :raises BadInputError: the version is not committed, or one of its files does not
+            match its COMMIT marker (named); nothing was written.
         """
-        run_id = decision.get("run_id")
-
-        def settled(production: dict[str, Any]) -> bool:
-            return (
-                run_id is not None
-                and production.get("version") == version
-                and production.get("run_id") == run_id
-                and production.get("action", PROMOTE) == PROMOTE
-            )
-
-        def allowed(doc: dict[str, Any] | None, current: str | None) -> None:
-            if current != expected_previous:
-                raise ConflictError(
-                    f"registry {self.url}: production is {current!r}, expected "
-                    f"{expected_previous!r}; another run promoted first"
-                )
-
-        return self._move(PROMOTE, version, decision, settled, allowed)
-
-    def rollback(self, version: str, who: str, why: str, details: dict[str, Any]) -> Move:
-        """Point production back at ``version``, an earlier production version.
-
-        Recorded in the history as ``action: rollback`` with ``who``, ``why``, the
-        previous version and the time. A rollback to the version in production writes
-        nothing and says ``already``.
-
-        :raises BadInputError: ``version`` was never production (the message lists the
-            versions that were), is not committed, or is damaged; nothing was written.
-        :raises ConflictError: production moved while the rollback was checking.
-        """
-
-        def settled(production: dict[str, Any]) -> bool:
-            return production.get("version") == version
-
-        def allowed(doc: dict[str, Any] | None, current: str | None) -> None:
-            if doc is None or current is None:
-                raise BadInputError(
-                    f"cannot roll {self.model} back to {version}: {self.url} has no "
-                    "production version yet, so there is nothing to roll back"
-                )
-            former = self.former_production_versions(doc)
-            if version not in former:
-                raise BadInputError(
-                    f"cannot roll {self.model} back to {version}: it was never production "
-                    f"(registry {self.url}; production is {current!r}; former production "
-                    f"versions, most recent first: {', '.join(former) or 'none'})"
-                )
-
-        return self._move(ROLLBACK, version, {**details, "who": who, "why": why}, settled, allowed)
-
-    def promote_anyway(self, version: str, who: str, why: str, details: dict[str, Any]) -> Move:
-        """Point production at ``version`` although no gate passed it: a person's override.
-
-        The one exception to "only PASS promotes", so it takes a ``who`` and a ``why``
-        and the history records ``action: promote_anyway`` with them, the previous
-        version and the time. The version must still be committed and intact (the same
-        verification as every move). Idempotent for the run that did it: production
-        already ``version`` by this ``details["run_id"]`` writes nothing and says
-        ``already``; production already ``version`` by any other move is refused
-        (nothing to override).
-
-        :raises BadInputError: ``version`` is production already, not committed, or
-            damaged; nothing was written.
-        :raises ConflictError: production moved while the override was checking.
-        """
+        if action not in (PROMOTE, PROMOTE_ANYWAY):
+            raise ValueError(f"a release goes live by promote or promote_anyway, not {action!r}")
         run_id = details.get("run_id")
 
         def settled(production: dict[str, Any]) -> bool:
             return (
                 run_id is not None
-                and production.get("version") == version
+                and production.get("release") == release.release
                 and production.get("run_id") == run_id
-                and production.get("action") == PROMOTE_ANYWAY
+                and production.get("action", PROMOTE) == action
             )
 
-        def allowed(doc: dict[str, Any] | None, current: str | None) -> None:
-            if current == version:
-                raise BadInputError(
-                    f"cannot promote {self.model} version {version} anyway: it already is "
-                    f"production (registry {self.url}); nothing to override"
-                )
+        def allowed(doc: dict[str, Any] | None, current: dict[str, Any]) -> None:
+            if action == PROMOTE_ANYWAY:
+                if current.get("release") is not None and current.get("release") == release.release:
+                    raise BadInputError(
+                        f"cannot promote {self.model} release {release.release} anyway: it is "
+                        f"live already (registry {self.url}); nothing to override"
+                    )
+                return
+            for key, expected in (("version", expected_version), ("release", expected_release)):
+                if expected is not ANY and current.get(key) != expected:
+                    raise ConflictError(
+                        f"registry {self.url}: production {key} is {current.get(key)!r}, "
+                        f"expected {expected!r}; another run released first"
+                    )
+
+        return self._move(action, release, details, settled, allowed)
+
+    def check_kept(self, doc: dict[str, Any] | None, release_id: str | None, keep: int) -> None:
+        """A rollback to ``release_id`` is allowed by retention: it is one of the ``keep``
+        releases kept, and not the live one.
+
+        :raises BadInputError: it is not (the message names those that are kept).
+        """
+        current = (doc or {}).get("production") or {}
+        if doc is None or not current:
+            raise BadInputError(
+                f"cannot roll {self.model} back to {release_id}: {self.url} has no "
+                "production yet, so there is nothing to roll back"
+            )
+        kept = kept_releases(doc, keep)
+        if release_id != current.get("release") and release_id not in kept[1:]:
+            raise BadInputError(
+                f"cannot roll {self.model} back to release {release_id}: retention keeps the "
+                f"last {keep} releases (registry {self.url}; live "
+                f"{current.get('release') or current.get('version')!r}; kept before it, most "
+                f"recent first: {', '.join(kept[1:]) or 'none'})"
+            )
+
+    def rollback(
+        self, release: Release, who: str, why: str, details: dict[str, Any], keep: int
+    ) -> Move:
+        """Make ``release``, an earlier release still kept, live again: its model, its
+        embedding sets and its index tables together.
+
+        Recorded in the history as ``action: rollback`` with ``who``, ``why``, the
+        previous release and the time. A rollback to the live release writes nothing
+        and says ``already``.
+
+        :raises BadInputError: ``release`` is not among the ``keep`` releases retention
+            keeps (the message names those that are), or its version is not committed or
+            damaged; nothing was written.
+        :raises ConflictError: production moved while the rollback was checking.
+        """
+
+        def settled(production: dict[str, Any]) -> bool:
+            return production.get("release") == release.release
+
+        def allowed(doc: dict[str, Any] | None, current: dict[str, Any]) -> None:
+            self.check_kept(doc, release.release, keep)
 
         moved = {**details, "who": who, "why": why}
-        return self._move(PROMOTE_ANYWAY, version, moved, settled, allowed)
+        return self._move(ROLLBACK, release, moved, settled, allowed)
 
     def _move(
         self,
         action: str,
-        version: str,
+        release: Release,
         details: dict[str, Any],
         settled: Callable[[dict[str, Any]], bool],
-        allowed: Callable[[dict[str, Any] | None, str | None], None],
+        allowed: Callable[[dict[str, Any] | None, dict[str, Any]], None],
     ) -> Move:
         """The one way the pointer moves: read, check, verify, compare-and-swap.
 
         ``settled(production)`` says the move is already done (nothing is written);
-        ``allowed(doc, current)`` raises when the move must not happen. The target's
-        files are verified, streamed, between the read and the conditional write, whose
-        version tag is the one read: if the registry changed meanwhile the write fails
-        (unless what changed it already did this move).
+        ``allowed(doc, production)`` raises when the move must not happen. The release's
+        model version is verified, streamed, between the read and the conditional write,
+        whose version tag is the one read: if the registry changed meanwhile the write
+        fails (unless what changed it already did this move).
         """
         doc, etag = self.read()
         production = (doc or {}).get("production") or {}
         current = production.get("version")
         if settled(production):
             return Move(doc=doc, already=True, previous=production.get("previous"))
-        allowed(doc, current)
+        allowed(doc, production)
+        version = release.version
         directory = layout.model_version(self.model, version)
         url = self.store.url(directory)
         verb = _VERBS[action]
@@ -271,7 +279,16 @@ class Registry:
             check.bytes,
         )
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        moved = {**details, "action": action, "version": version, "previous": current}
+        moved = {
+            **details,
+            "action": action,
+            "version": version,
+            "release": release.release,
+            "release_url": release.url,
+            "corpora": sorted(release.corpora),
+            "previous": current,
+            "previous_release": production.get("release"),
+        }
         new_doc = {
             "model": self.model,
             "production": {**moved, "promoted_at": now},

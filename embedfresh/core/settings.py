@@ -90,3 +90,35 @@ class ExecutionMode(StrEnum):
 
     AWS_BATCH = "aws_batch"
     """An AWS Batch job, single-node or multi-node parallel (production trn1/p5 fleets)."""
+
+
+#: The vector index a release is loaded into (:mod:`embedfresh.core.index`): a libpq
+#: connection string of a PostgreSQL with pgvector (RDS, Aurora). Read from the
+#: environment only, never from a config or a command line (``ps``, a Batch job's
+#: command, a task's rendered fields would show it); the operators set it from an Airflow
+#: connection, a Batch job definition from its secrets. Unset: the embedded server.
+INDEX_DSN_ENV = "EMBEDFRESH_INDEX_DSN"
+
+#: Where the embedded index server keeps its data; default ``.index/postgres`` under a
+#: ``file://`` artifact root (an ``s3://`` root needs this or :data:`INDEX_DSN_ENV`).
+INDEX_DIR_ENV = "EMBEDFRESH_INDEX_DIR"
+
+#: How many releases a model keeps (the live one included): rollback reaches them, the
+#: garbage collection keeps what they reference.
+KEEP_RELEASES_ENV = "EMBEDFRESH_KEEP_RELEASES"
+DEFAULT_KEEP_RELEASES = 3
+
+
+def keep_releases() -> int:
+    """``$EMBEDFRESH_KEEP_RELEASES`` (default 3): releases kept per model, at least 1.
+
+    :raises ValueError: not a whole number >= 1.
+    """
+    raw = os.environ.get(KEEP_RELEASES_ENV, "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_KEEP_RELEASES
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{KEEP_RELEASES_ENV}={raw!r} is not a whole number >= 1")
+    return value

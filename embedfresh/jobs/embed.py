@@ -28,7 +28,12 @@ budget (:mod:`embedfresh.ml.embedding.bucketing`); on CPU/CUDA the batches run u
 (:mod:`embedfresh.ml.embedding.packed`). Memory is bounded by the shard size (at most
 three shards in flight), never by the corpus: each commit logs the resident memory and
 its peak so far, and the report carries ``peak_rss_mib``.
-Writes ``runs/{model}/{run_id}/reports/{embed|embed-<first>-<last>}.json``.
+Writes ``runs/{model}/{run_id}/reports/embed-<corpus>[-<first>-<last>].json``.
+
+The embeddings a kept release carries are immutable (its table and its search check were
+made from them): when a shard of such a set would be recomputed (its corpus shard or a
+setting changed), the job refuses (exit 2) and names the release; a refresh makes a new
+release from the changed corpus instead.
 """
 
 from __future__ import annotations
@@ -241,6 +246,8 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         full_check=cfg.mode == "embed",
     )
     keys, skipped, todo, recomputed = status.keys, status.skipped, status.todo, status.recomputed
+    if todo:
+        _refuse_to_change_a_release(store, cfg, todo, recomputed)
     for item in recomputed:
         log.warning("shard %d is recomputed: %s", item["shard"], item["reason"])
     if skipped:
@@ -714,9 +721,24 @@ def _refuse_repeated_ids(
     )
 
 
-CALIBRATION_TEXTS = 512
-"""Texts of the first shard read to calibrate int8 (at most
-:data:`embedfresh.ml.embedding.precision.CALIBRATION_TOKENS` of their tokens are used)."""
+def _refuse_to_change_a_release(
+    store: ArtifactStore, cfg: EmbedConfig, todo: list[int], recomputed: list[dict]
+) -> None:
+    """A kept release's embeddings never change under it.
+
+    :raises BadInputError: shards of a set a kept release carries would be (re)written.
+    """
+    from embedfresh.core.releases import releases_carrying
+
+    carrying = releases_carrying(store, cfg.model, cfg.version, cfg.corpus)
+    if carrying:
+        why = "; ".join(f"shard {r['shard']}: {r['reason']}" for r in recomputed[:3])
+        raise BadInputError(
+            f"the embeddings of corpus {cfg.corpus!r} by {cfg.model} {cfg.version} are "
+            f"carried by release(s) {', '.join(carrying)} and never change under them; "
+            f"shards {_ranges(todo)} would be written ({why or 'missing'}): run a refresh, "
+            "which releases a new version with the corpus as it is now"
+        )
 
 
 def _fast_mode_or_refuse(
@@ -736,19 +758,14 @@ def _fast_mode_or_refuse(
     int8 is calibrated on the first texts of ``calibration_shard`` (the corpus's first
     shard) and its summary says what was done to each layer; bf16's says whether the
     device runs bf16 natively."""
-    from embedfresh.ml.embedding.precision import fast_mode_gate, quantize_int8, to_bf16
+    from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS, fast_mode_gate, fast_model
 
-    if cfg.quantize == "bf16":
-        fast, details = to_bf16(model, backend)
-        key = "bf16"
-    elif calibration_shard is None:
-        fast, details = quantize_int8(model, backend)
-        key = "quantization"
-    else:
-        _, texts = read_corpus_shard(store, calibration_shard)
-        calibration, _ = tokenizer([prompt + t for t in texts[:CALIBRATION_TEXTS]])
-        fast, details = quantize_int8(model, backend, calibration)
-        key = "quantization"
+    texts = None
+    if cfg.quantize == "int8" and calibration_shard is not None:
+        _, corpus_texts = read_corpus_shard(store, calibration_shard)
+        texts = [prompt + t for t in corpus_texts[:CALIBRATION_TEXTS]]
+    fast, details = fast_model(model, backend, cfg.quantize, tokenizer, texts)
+    key = "bf16" if cfg.quantize == "bf16" else "quantization"
     if not gated:
         return fast, None
     _, summary = fast_mode_gate(

@@ -7,15 +7,17 @@ and ``max_seq_length`` from its own configs; remote code, pickle weights and any
 this project would embed differently refused), and publishes
 ``models/{model}/versions/{version}/`` with its encoder weights, its own tokenizer, a
 seeded relevance head and its spec, ``COMMIT`` last. Unless told otherwise it then makes
-the version production when the model has none yet (compare-and-swap on "no
-production", recorded in the registry's history), so the first refresh of ``model``
-trains from it and the quality gate compares against it. Everything is validated
+the version the model's first release when it has none yet: a release named after the
+version, without corpus embeddings (compare-and-swap on "no production", recorded in the
+registry's history), so the first refresh of ``model`` trains from it, the quality gate
+compares against it, and that refresh makes the first release with document vectors. Everything is validated
 before the first write; a re-run with the same source and settings finds the version
 published and exits 0; another source under the same version name is refused.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import hashlib
 import logging
@@ -24,7 +26,8 @@ from typing import Any
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import PublishModelConfig
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.registry import Registry
+from embedfresh.core.registry import PROMOTE, Registry
+from embedfresh.core.releases import release_doc, write_release
 from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger("embedfresh.jobs.publish_model")
@@ -94,18 +97,36 @@ def publish_model(cfg: PublishModelConfig) -> dict[str, Any]:
     registry = Registry(store, cfg.model)
     production = registry.production_version()
     if cfg.production and production is None:
-        registry.promote(
-            cfg.version,
-            expected_previous=None,
-            decision={
+        # A release of the base version without corpora, named after it: the first
+        # refresh gates against it and makes the first release with document vectors.
+        base, _ = write_release(
+            store,
+            release_doc(
+                model=cfg.model,
+                release=cfg.version,
+                version=cfg.version,
+                version_url=url,
+                run_id=cfg.run_id,
+                action=PROMOTE,
+                corpora={},
+                gate={"verdict": "BASE", "report": None, "reason": f"base model from {source.url}"},
+                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            ),
+        )
+        registry.release(
+            base,
+            details={
                 "run_id": cfg.run_id,
                 "verdict": "BASE",
                 "reason": f"base model published from {source.url}",
                 "user": getpass.getuser(),
             },
+            expected_version=None,
+            expected_release=None,
         )
         production = cfg.version
-        log.info("%s is now production of %s", cfg.version, cfg.model)
+        log.info("%s is now production of %s (release %s, no corpus embeddings yet)",
+                 cfg.version, cfg.model, cfg.version)  # fmt: skip
     elif production != cfg.version:
         log.info("production of %s stays %s", cfg.model, production)
     return {

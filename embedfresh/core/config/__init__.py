@@ -7,15 +7,17 @@ before a job's first write. Torch-free, so the control plane can build and check
 
 from embedfresh.core.config.base import JobConfig, load_config, parse_override
 from embedfresh.core.config.embedding import EmbedConfig, ExportConfig
-from embedfresh.core.config.evaluation import (
-    EvaluateConfig,
-    GateConfig,
-    PromoteAnywayConfig,
-    PromoteConfig,
-    PublishModelConfig,
-    RollbackConfig,
-)
+from embedfresh.core.config.evaluation import EvaluateConfig, GateConfig, PublishModelConfig
 from embedfresh.core.config.health import HealthConfig
+from embedfresh.core.config.release import (
+    AnnConfig,
+    GarbageCollectConfig,
+    IndexLoadConfig,
+    ReleaseConfig,
+    RollbackConfig,
+    SearchCheckConfig,
+    SearchConfig,
+)
 from embedfresh.core.config.training import (
     DEFAULT_NEURON_CC_FLAGS,
     CompileConfig,
@@ -25,6 +27,12 @@ from embedfresh.core.config.training import (
 
 __all__ = [
     "DEFAULT_NEURON_CC_FLAGS",
+    "AnnConfig",
+    "GarbageCollectConfig",
+    "IndexLoadConfig",
+    "ReleaseConfig",
+    "SearchCheckConfig",
+    "SearchConfig",
     "CompileConfig",
     "EmbedConfig",
     "EvaluateConfig",
@@ -33,9 +41,7 @@ __all__ = [
     "HealthConfig",
     "JobConfig",
     "ParityConfig",
-    "PromoteConfig",
     "PublishModelConfig",
-    "PromoteAnywayConfig",
     "RollbackConfig",
     "TrainConfig",
     "load_config",

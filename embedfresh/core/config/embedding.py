@@ -133,11 +133,11 @@ class EmbedConfig(JobConfig):
                 return f"{job}-plan-{tag}"
             return f"{job}-plan-{tag}-{self.array_index}"
         if self.shards is None:
-            return job
+            return f"{job}-{self.corpus}"
         listed = "-".join(str(i) for i in sorted(self.shards))
         if len(listed) > 64:
             listed = hashlib.sha256(listed.encode()).hexdigest()[:16]
-        return f"{job}-shards-{listed}"
+        return f"{job}-{self.corpus}-shards-{listed}"
 
     @field_validator("shards")
     @classmethod
@@ -161,16 +161,19 @@ class EmbedConfig(JobConfig):
 
     @property
     def report_kind(self) -> str:
-        """``embed`` for all shards; ``embed-<first>-<last>`` (or ``embed-<i>``) otherwise;
-        ``embed-plan`` for a planner, ``embed-child-<index>`` for a child of an array job."""
+        """``embed-<corpus>`` for all shards; ``embed-<corpus>-<first>-<last>`` (or
+        ``embed-<corpus>-<i>``) otherwise; ``embed-<corpus>-plan`` for a planner,
+        ``embed-<corpus>-child-<index>`` for a child of an array job: two corpora
+        embedded in one run never share a report."""
+        base = f"embed-{self.corpus}"
         if self.mode == "plan":
-            return "embed-plan"
+            return f"{base}-plan"
         if self.plan:
-            return f"embed-child-{self.array_index}"
+            return f"{base}-child-{self.array_index}"
         if self.shards is None:
-            return "embed"
+            return base
         first, last = self.shards[0], self.shards[-1]
-        return f"embed-{first}" if first == last else f"embed-{first}-{last}"
+        return f"{base}-{first}" if first == last else f"{base}-{first}-{last}"
 
 
 class ExportConfig(JobConfig):

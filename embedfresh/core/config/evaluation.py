@@ -1,10 +1,7 @@
-"""Configs of the evaluation side: evaluate, the quality gate, promote and rollback."""
+"""Configs of the evaluation side: evaluate, the quality gate, publishing a model."""
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -78,62 +75,6 @@ class GateConfig(JobConfig):
     @property
     def candidate_version(self) -> str:
         return self.version or self.run_id
-
-
-class PromoteConfig(JobConfig):
-    """Moves the production pointer to the run's candidate if its gate said PASS."""
-
-
-def current_operator() -> str:
-    """``user@host`` of this process: who a rollback is recorded as by default."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
-        user = f"uid-{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
-
-
-class PersonsMoveConfig(JobConfig):
-    """What a person's move of the production pointer records: who and why."""
-
-    reason: str = Field(min_length=1)
-    """Why; recorded in the registry's history (required, not blank)."""
-    who: str = Field(default_factory=current_operator, min_length=1)
-    """Who, recorded in the registry's history; default: this process's ``user@host``
-    (the Airflow DAGs pass the user who triggered the run)."""
-
-    @field_validator("reason", "who")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be blank")
-        return v.strip()
-
-
-class RollbackConfig(PersonsMoveConfig):
-    """Moves the production pointer back to an earlier production version of ``model``."""
-
-    to_version: str
-    """The version to make production again: one that was production before (listed in
-    the registry's history)."""
-
-    @field_validator("to_version")
-    @classmethod
-    def _segment(cls, v: str) -> str:
-        return safe_id(v, "to_version")
-
-
-class PromoteAnywayConfig(PersonsMoveConfig):
-    """Moves the production pointer to a version of ``model`` that no gate passed: a
-    person's override, recorded with who and why."""
-
-    version: str
-    """The version to make production: committed under ``models/{model}/versions/``."""
-
-    @field_validator("version")
-    @classmethod
-    def _segment(cls, v: str) -> str:
-        return safe_id(v, "version")
 
 
 class PublishModelConfig(JobConfig):

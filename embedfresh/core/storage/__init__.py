@@ -22,6 +22,7 @@ from embedfresh.core.storage.store import (
     before_first_write,
     is_transient,
     json_bytes,
+    writing_elsewhere,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "scheme_names",
     "sha256_bytes",
     "unregister_scheme",
+    "writing_elsewhere",
 ]

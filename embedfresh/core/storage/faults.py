@@ -1,5 +1,6 @@
-"""Fault points: every write the artifact store makes, numbered and named, so the
-reliability suite can kill a job right after any one of them.
+"""Fault points: every write the artifact store makes, and every statement a job commits
+to the vector index, numbered and named, so the reliability suite can kill a job right
+after any one of them.
 
 Off unless one of two environment variables is set (the suite sets them on the job
 processes it starts; nothing in the product does):
@@ -7,8 +8,10 @@ processes it starts; nothing in the product does):
 ``EMBEDFRESH_WRITES_LOG=/path/file``
     Append one line per write of this process: ``<n> <op> <path>``, where ``n`` counts
     the process's writes from 1, ``op`` is ``write`` (an object written whole), ``put``
-    (a local file uploaded), ``cas`` (a compare-and-swap) or ``remove``, and ``path`` is
-    relative to the store's root. A clean run's log is the list of the job's points: a
+    (a local file uploaded), ``cas`` (a compare-and-swap), ``remove``, or ``db`` (a
+    transaction committed to the vector index: a shard's rows with its ledger row, the
+    HNSW build, a live view's switch, a table dropped; ``path`` is then
+    ``index/<table>/<what>``), and ``path`` is relative to the store's root. A clean run's log is the list of the job's points: a
     write added to a job joins the list by itself.
 ``EMBEDFRESH_FAULT_POINT="<n> <op> <path>"``
     SIGKILL this process right after its ``n``-th write, which must be the write named

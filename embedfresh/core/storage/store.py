@@ -125,6 +125,15 @@ def before_first_write(root: str, callback: Callable[[], None] | None) -> None:
         _FIRST_WRITE[root] = callback
 
 
+def writing_elsewhere(root: str) -> None:
+    """Run the callback :func:`before_first_write` holds for ``root`` now, if any: the job
+    is about to write outside the store (rows into the vector index) and, as before its
+    first write into the store, takes its lease first. If it raises, nothing is written."""
+    callback = _FIRST_WRITE.pop(root, None)
+    if callback is not None:
+        callback()
+
+
 class ArtifactStore:
     """Reads and writes artifacts under one root URL through fsspec.
 
@@ -206,6 +215,24 @@ class ArtifactStore:
             return []
         names = sorted({posixpath.basename(e.rstrip("/")) for e in entries})
         return [n for n in names if n and not n.startswith(".") and n != posixpath.basename(path)]
+
+    @_translate_errors
+    def last_modified(self, rel: str) -> float | None:
+        """When the newest object at or under ``rel`` was written (epoch seconds), or None
+        when there is none: how old a folder's content is (garbage collection's grace)."""
+        path = self.path(rel)
+        try:
+            found = self.fs.find(path, detail=True, withdirs=False)
+        except FileNotFoundError:
+            return None
+        newest = None
+        for info in found.values():
+            stamp = info.get("mtime", info.get("LastModified"))
+            if stamp is None:
+                continue
+            seconds = stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
+            newest = seconds if newest is None else max(newest, seconds)
+        return newest
 
     @_translate_errors
     def size(self, rel: str) -> int:

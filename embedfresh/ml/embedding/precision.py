@@ -191,6 +191,34 @@ def quantize_int8(
     return out, summary
 
 
+CALIBRATION_TEXTS = 512
+"""Texts of the corpus's first shard read to calibrate int8 (at most
+:data:`CALIBRATION_TOKENS` of their tokens are used)."""
+
+
+def fast_model(
+    model: RelevanceModel,
+    backend: Backend,
+    mode: str,
+    tokenizer: VariableTokenizer,
+    calibration_texts: Sequence[str] | None = None,
+) -> tuple[RelevanceModel, dict[str, Any]]:
+    """The encoder of a fast ``mode`` (``int8``, ``bf16``) and what was done to it: the
+    one way the embed job and a release's query encoder build it, so both get the same
+    model. int8 is calibrated on the first :data:`CALIBRATION_TEXTS` of
+    ``calibration_texts`` (prompts already put before them); none: uncalibrated.
+
+    :raises BadInputError: an unknown mode, or one the backend cannot run.
+    """
+    if mode == "bf16":
+        return to_bf16(model, backend)
+    if mode == "int8":
+        texts = list(calibration_texts or ())[:CALIBRATION_TEXTS]
+        calibration = tokenizer(texts)[0] if texts else ()
+        return quantize_int8(model, backend, calibration)
+    raise BadInputError(f"unknown fast mode {mode!r}: int8 or bf16")
+
+
 def _calibration_batch(calibration: Sequence[Sequence[int]]) -> list[Sequence[int]]:
     texts, tokens = [], 0
     for ids in calibration:

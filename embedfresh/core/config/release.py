@@ -1,0 +1,228 @@
+"""Configs of the release side: index load, search check, release, rollback, garbage
+collection and the search CLI (docs/SEARCH.md)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from embedfresh.core.config.base import JobConfig
+from embedfresh.core.layout import safe_id
+from embedfresh.core.settings import keep_releases
+
+# PostgreSQL's memory units, as ``maintenance_work_mem`` takes them.
+_MEMORY = re.compile(r"\d+\s*(kB|MB|GB|TB)")
+
+
+class AnnConfig(JobConfig):
+    """How a release's approximate index is built and searched (HNSW, cosine)."""
+
+    hnsw_m: int = Field(default=16, ge=2, le=100)
+    """HNSW neighbours per node (pgvector's default 16): more is better recall, a larger
+    index and a slower build."""
+    hnsw_ef_construction: int = Field(default=200, ge=4, le=1000)
+    """HNSW candidate list while building (pgvector's default 64; at least 2 x hnsw_m)."""
+    ef_search: int = Field(default=100, ge=1, le=1000)
+    """HNSW candidate list while searching (pgvector's default 40): recall against
+    latency. Recorded in the release: its search service should search with it."""
+    maintenance_work_mem: str = "256MB"
+    """Memory the HNSW build may use (PostgreSQL units: kB, MB, GB); a graph that does
+    not fit builds far slower (docs/BENCHMARKS.md, "Vector index")."""
+
+    @field_validator("maintenance_work_mem")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if not _MEMORY.fullmatch(v.strip()):
+            raise ValueError(f"must be a PostgreSQL memory size such as 256MB or 2GB, got {v!r}")
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _construction(self) -> AnnConfig:
+        if self.hnsw_ef_construction < 2 * self.hnsw_m:
+            raise ValueError(
+                f"hnsw_ef_construction ({self.hnsw_ef_construction}) must be at least "
+                f"2 x hnsw_m ({2 * self.hnsw_m}), as pgvector requires"
+            )
+        return self
+
+
+class _ReleaseCorpusConfig(JobConfig):
+    version: str | None = None
+    """The model version whose embeddings go into the release; default: the run id (what
+    the run's train job published)."""
+    corpus: str = "products"
+    """The corpus (``embeddings/{model}/{version}/{corpus}/_MANIFEST.json``, verified)."""
+
+    @field_validator("version", "corpus")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    @property
+    def target_version(self) -> str:
+        return self.version or self.run_id
+
+    def lease_unit(self, job: str) -> str:
+        """Two corpora of one release load and check side by side; one corpus once."""
+        return f"{job}-{self.corpus}"
+
+
+class IndexLoadConfig(_ReleaseCorpusConfig, AnnConfig):
+    """Loads a verified embedding set into the release's table of the vector index
+    (the release is the run: ``run_id``)."""
+
+
+class SearchCheckConfig(_ReleaseCorpusConfig):
+    """Checks search on the release's table before it goes live (docs/SEARCH.md)."""
+
+    dataset: str = "products"
+    """Data set whose eval split gives the queries and their relevant products."""
+    min_ann_recall: float = Field(default=0.95, gt=0, le=1)
+    """The index is faithful when its top 10 holds at least this share of the exact top 10
+    over the same vectors, averaged over the queries (searched with the ``ef_search``
+    the table was loaded with)."""
+    regression: Literal["enforce", "report"] = "enforce"
+    """``enforce``: search must be no worse than the live release's (the gate's paired
+    bootstrap and 0.1% non-inferiority rule; exit 3 otherwise); ``report``: the
+    comparison is reported only (a person's "promote anyway")."""
+    tolerance: float = Field(default=0.001, ge=0, lt=1)
+    """Relative tolerance of the comparison: 0.001 is the 0.1% quality SLA."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    """Confidence level of the paired bootstrap interval."""
+    resamples: int = Field(default=1000, ge=100)
+    """Bootstrap resamples."""
+    seed: int = 0
+    """Seed of the bootstrap."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        return safe_id(v, "dataset")
+
+
+def current_operator() -> str:
+    """``user@host`` of this process: who a person's move is recorded as by default."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+class PersonsMoveConfig(JobConfig):
+    """What a person's move of the production pointer records: who and why."""
+
+    reason: str = Field(min_length=1)
+    """Why; recorded in the registry's history (required, not blank)."""
+    who: str = Field(default_factory=current_operator, min_length=1)
+    """Who, recorded in the registry's history; default: this process's ``user@host``
+    (the Airflow DAGs pass the user who triggered the run)."""
+
+    @field_validator("reason", "who")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v.strip()
+
+
+class ReleaseConfig(JobConfig):
+    """Makes the run's release live: its model version with every corpus's verified
+    embedding set, index table and search check."""
+
+    version: str | None = None
+    """The model version released; default: the run id (what the run's train job
+    published)."""
+    corpora: list[str] = Field(default_factory=lambda: ["products"])
+    """The corpora released with the model; each needs its verified embeddings, its
+    loaded table and a passed search check from this run. Empty: a release without
+    document vectors (said in the log, shown on the page)."""
+    action: Literal["promote", "promote_anyway"] = "promote"
+    """``promote``: only after this run's gate said PASS; ``promote_anyway``: a person's
+    override of the gate (needs ``reason``; recorded with ``who``)."""
+    reason: str | None = None
+    """Why (``promote_anyway`` only, where it is required): recorded in the history."""
+    who: str = Field(default_factory=current_operator, min_length=1)
+    """Who (``promote_anyway``), recorded in the history; default this process's
+    ``user@host`` (the Airflow DAG passes the user who triggered the run)."""
+
+    @field_validator("version")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "version")
+
+    @field_validator("corpora")
+    @classmethod
+    def _corpora(cls, v: list[str]) -> list[str]:
+        for name in v:
+            safe_id(name, "corpus")
+        if len(set(v)) != len(v):
+            raise ValueError("corpora must not repeat a corpus")
+        return v
+
+    @model_validator(mode="after")
+    def _override_has_a_reason(self) -> ReleaseConfig:
+        if self.action == "promote_anyway" and not (self.reason or "").strip():
+            raise ValueError("action=promote_anyway needs a reason (recorded in the history)")
+        if self.action == "promote" and self.reason:
+            raise ValueError(
+                "reason is for action=promote_anyway; a promotion's reason is its gate"
+            )
+        return self
+
+    @property
+    def target_version(self) -> str:
+        return self.version or self.run_id
+
+
+class RollbackConfig(PersonsMoveConfig):
+    """Makes an earlier release of ``model`` live again: its model version, embedding
+    sets and index tables."""
+
+    to_release: str
+    """The release to make live again: one of the releases retention keeps (listed in
+    the registry's history and on the Model quality page)."""
+    keep_releases: int = Field(default_factory=keep_releases, ge=1)
+    """Releases retention keeps, the live one included (``$EMBEDFRESH_KEEP_RELEASES``,
+    default 3): a rollback past them is refused, naming those that are kept."""
+
+    @field_validator("to_release")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "to_release")
+
+
+class GarbageCollectConfig(JobConfig):
+    """Deletes what no kept release references: embedding sets, index tables and the
+    model versions of releases past retention."""
+
+    keep_releases: int = Field(default_factory=keep_releases, ge=1)
+    """Releases kept, the live one included (``$EMBEDFRESH_KEEP_RELEASES``, default 3)."""
+    grace_hours: float = Field(default=24.0, ge=0)
+    """Nothing written more recently than this is deleted (a refresh may be writing it),
+    nor anything under a live lease."""
+    dry_run: bool = False
+    """List what would be deleted; delete nothing."""
+
+
+class SearchConfig(JobConfig):
+    """Searches a release's table for a query string (the live release by default)."""
+
+    query: str = Field(min_length=1)
+    """The query text (the model's query prompt is put before it)."""
+    corpus: str = "products"
+    """The corpus searched."""
+    release: str | None = None
+    """A release id; default: the live one."""
+    k: int = Field(default=10, ge=1, le=1000)
+    """Results shown."""
+
+    @field_validator("corpus", "release")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")

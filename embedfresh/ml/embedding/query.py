@@ -1,0 +1,152 @@
+"""The query side of a release: texts embedded exactly as its corpus was.
+
+A search service compares a query's vector with the corpus's vectors, so both must come
+from the same function: the release's model version, its tokenizer and truncation
+length, its pooling and Dense modules, unit normalisation, the same fast mode (int8
+calibrated on the same corpus shard, or bf16) and the same compute route as the embed
+job (:func:`embedfresh.ml.embedding.encode.embed_plan`). Only the prompt differs:
+queries get the model's query prompt, documents its document prompt, as
+sentence-transformers' ``encode_query`` and ``encode_document`` put them.
+
+Everything is read from the release's record of how its corpus was embedded (the
+manifest's ``settings``); a setting this encoder cannot repeat is refused, never
+guessed::
+
+    from embedfresh.core.releases import live_release
+    from embedfresh.ml.embedding.query import ReleaseEncoder
+
+    release = live_release(root, "search")
+    encoder = ReleaseEncoder.for_release(store, release, "products")
+    vectors = encoder.queries(["waterproof hiking boots"])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from embedfresh.core import layout
+from embedfresh.core.config.embedding import DEFAULT_LENGTHS, EmbedConfig
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.releases import Release
+from embedfresh.core.shards import read_corpus_shard
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.embedding.bucketing import VariableTokenizer, make_batches, padded_lengths
+from embedfresh.ml.embedding.encode import embed_plan
+
+log = logging.getLogger(__name__)
+
+TOKEN_BUDGET = EmbedConfig.model_fields["token_budget"].default
+
+
+class ReleaseEncoder:
+    """Embeds queries and documents as the corpus ``corpus`` of a release was embedded.
+
+    :param settings: the embedding set's settings (its manifest's, as the release
+        records them): ``max_length``, ``pooling``, ``dense``, ``prompt``, ``normalize``,
+        ``quantize``, ``backend`` (and ``int8_calibration``).
+    :param backend: run on this backend instead of the one the corpus was embedded on
+        (logged: float rounding differs between devices).
+    :raises BadInputError: the settings do not describe this version's encoder.
+    """
+
+    def __init__(
+        self,
+        store: ArtifactStore,
+        model: str,
+        version: str,
+        corpus: str,
+        settings: dict[str, Any],
+        backend: str | None = None,
+    ) -> None:
+        from embedfresh.ml.backends import get_backend
+        from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS, fast_model
+        from embedfresh.ml.model import versions
+
+        loaded = versions.load(store, model, version)
+        spec = loaded.spec
+        self.model, self.version, self.corpus = model, version, corpus
+        self._check(spec, settings)
+        self.max_length = int(settings["max_length"])
+        self.hidden = spec.embedding_dim
+        recorded = str(settings.get("backend") or "cpu")
+        self.backend = get_backend(backend or recorded)
+        if self.backend.name != recorded:
+            log.warning(
+                "the corpus of %s %s was embedded on %s; queries are embedded on %s (vectors "
+                "differ by float rounding, cosine ~1e-6)",
+                model, version, recorded, self.backend.name,
+            )  # fmt: skip
+        self.tokenizer = VariableTokenizer(loaded.tokenizer_json, self.max_length)
+        self.lengths = padded_lengths(DEFAULT_LENGTHS, self.max_length)
+        self.query_prompt = spec.prompt("query")
+        self.document_prompt = str(settings.get("prompt") or "")
+        encoder = versions.instantiate(loaded).to(self.backend.device)
+        encoder.eval()
+        self.quantize = str(settings.get("quantize") or "none")
+        if self.quantize != "none":
+            texts = None
+            if self.quantize == "int8":
+                texts = self._calibration_texts(store, settings, CALIBRATION_TEXTS)
+            encoder, _ = fast_model(encoder, self.backend, self.quantize, self.tokenizer, texts)
+        self._encoder = encoder
+        self.truncated = 0
+        """Texts cut at :attr:`max_length` so far (each also logged)."""
+
+    @classmethod
+    def for_release(
+        cls, store: ArtifactStore, release: Release, corpus: str, backend: str | None = None
+    ) -> ReleaseEncoder:
+        """The encoder of ``release``'s ``corpus`` (its version, its recorded settings)."""
+        entry = release.corpus(corpus)
+        return cls(store, release.model, release.version, corpus, entry.settings, backend)
+
+    def _check(self, spec: Any, settings: dict[str, Any]) -> None:
+        wanted = {
+            "pooling": spec.pooling_mode,
+            "dense": [layer.model_dump() for layer in spec.dense or []],
+            "prompt": spec.prompt("document"),
+            "normalize": True,
+        }
+        differ = [f"{k} {settings.get(k)!r} (the version's: {v!r})"
+                  for k, v in wanted.items() if settings.get(k) != v]  # fmt: skip
+        if differ or not isinstance(settings.get("max_length"), int):
+            raise BadInputError(
+                f"the corpus {self.corpus!r} of {self.model} {self.version} was embedded with "
+                f"settings this version's encoder does not have ({'; '.join(differ) or 'no max_length'}): "
+                "its query encoder cannot repeat them"
+            )
+
+    def _calibration_texts(self, store: ArtifactStore, settings: dict, n: int) -> list[str]:
+        part = settings.get("int8_calibration")
+        if not isinstance(part, str):
+            raise BadInputError(
+                f"int8 embeddings of {self.corpus!r} without their calibration shard: the query "
+                "encoder cannot build the same int8 model"
+            )
+        _, texts = read_corpus_shard(store, f"{layout.corpus(self.corpus)}/{part}")
+        return [self.document_prompt + t for t in texts[:n]]
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` as queries (after the model's query prompt)."""
+        return self._embed([self.query_prompt + t for t in texts], "queries")
+
+    def documents(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` as documents: what the corpus's vectors are."""
+        return self._embed([self.document_prompt + t for t in texts], "documents")
+
+    def _embed(self, texts: list[str], what: str) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.hidden), dtype=np.float32)
+        token_ids, cut = self.tokenizer(texts)
+        if cut:
+            self.truncated += cut
+            log.warning(
+                "%d of %d %s are longer than %d tokens and were truncated",
+                cut, len(texts), what, self.max_length,
+            )  # fmt: skip
+        plan = make_batches(token_ids, self.lengths, TOKEN_BUDGET)
+        return embed_plan(self._encoder, self.backend, plan, len(texts), self.hidden)
