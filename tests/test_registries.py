@@ -51,6 +51,7 @@ from embedfresh.ml.backends import (
     unregister_backend,
 )
 from tests.conftest import DAY1, ROOT, job_env
+from tests.releasing import bare_release
 
 # -- a toy backend -------------------------------------------------------------------------
 
@@ -212,13 +213,22 @@ def test_a_registered_scheme_carries_data_markers_and_the_registry(memory_root):
     assert "weights.bin" in markers.verify(store, layout.model_version("tiny", "v2")).reason
     memory.pipe_file(store.path(f"{layout.model_version('tiny', 'v2')}/weights.bin"), b"v2" * 100)
 
-    # The registry: create-if-absent, then a swap on the version tag just read.
-    registry = Registry(store, "tiny")
-    registry.promote("v1", None, {"reason": "first"})
-    registry.promote("v2", "v1", {"reason": "better"})
+    # The releases, written once (create-only), and the registry: create-if-absent, then
+    # a swap on the version tag just read.
+    bare_release(store, "tiny", "v1", expected_version=None)
+    bare_release(store, "tiny", "v2", expected_version="v1")
     doc = json.loads(memory.cat_file(store.path(layout.registry("tiny"))))
-    assert doc["production"]["version"] == "v2"
+    assert doc["production"]["version"] == "v2" and doc["production"]["release"] == "v2"
     assert [h["version"] for h in doc["history"]] == ["v1", "v2"]
+    for version in ("v1", "v2"):
+        stored = json.loads(memory.cat_file(store.path(layout.release("tiny", version))))
+        assert stored["kind"] == "release" and stored["version"] == version
+    # A release decided against a production that has moved on since: nothing written.
+    before = memory.cat_file(store.path(layout.registry("tiny")))
+    with pytest.raises(ConflictError, match=r"production version is 'v2', expected 'v1'"):
+        bare_release(store, "tiny", "v1", "v1-again", expected_version="v1")
+    assert memory.cat_file(store.path(layout.registry("tiny"))) == before
+    assert Registry(store, "tiny").production_version() == "v2"
 
     # A writer holding a stale tag loses, and nothing it wrote lands.
     stale = store.etag(layout.registry("tiny"))

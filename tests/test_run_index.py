@@ -4,7 +4,7 @@ of runs, repaired from the reports, never failing its job.
 Runs are made from the real reports of tests/plugin_fixtures/store (gate.json written by
 the gate job, health and compile reports in the jobs' shapes), each under its own run id,
 and indexed by the real writer (:func:`embedfresh.core.run_index.update`, what the gate,
-promote and rollback jobs call). Store reads are counted on a real ArtifactStore over a
+release and rollback jobs call). Store reads are counted on a real ArtifactStore over a
 file:// root.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from embedfresh.core import layout, run_index
+from embedfresh.core import layout, markers, run_index
 from embedfresh.core.exit_codes import ConflictError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs import index_runs
+from tests.releasing import bare_release
 from tests.test_plugin_api import FIXTURE_STORE
 
 MODEL = "tiny"
@@ -153,17 +154,35 @@ def test_a_run_missing_or_lagging_is_repaired_by_the_next_write(root: Path):
     assert run_index.update(store, MODEL, [])["written"] is False
 
 
+#: What registry entries written before releases lack.
+RELEASE_KEYS = ("release", "release_url", "corpora", "previous_release", "action")
+
+
 def test_promotions_come_from_the_registry(root: Path):
+    """Moves from a registry written before releases (bare version pointers) and from
+    the release that moves on from it are indexed alike, by the run that made them."""
     store = ArtifactStore(f"file://{root}")
-    registry = json.loads((root / "models/tiny/registry.json").read_text())
+    path = root / "models/tiny/registry.json"
+    registry = json.loads(path.read_text())
+    for entry in [registry["production"], *registry["history"]]:
+        for key in RELEASE_KEYS:
+            entry.pop(key, None)
+    path.write_text(json.dumps(registry))
     promoted = [h["run_id"] for h in registry["history"] if h.get("run_id")]
-    for run_id in promoted:
+    assert promoted
+    before = registry["production"]["version"]
+    markers.publish(store, layout.model_version(MODEL, "v2"), {"weights.bin": b"v2" * 100}, meta={})
+    bare_release(store, MODEL, "v2", "next-run", expected_version=before)
+    for run_id in [*promoted, "next-run"]:
         (root / "runs" / MODEL / run_id / "reports").mkdir(parents=True)
     run_index.update(store, MODEL)
     runs = run_index.read(store, MODEL)["runs"]
     for run_id in promoted:
         moves = runs[run_id]["promotions"]
         assert moves and moves[0]["action"] == "promote" and moves[0]["version"]
+    (move,) = runs["next-run"]["promotions"]
+    assert move["action"] == "promote" and move["version"] == "v2"
+    assert move["previous"] == before and move["verdict"] == "PASS"
 
 
 def test_a_lost_swap_is_retried_and_keeps_the_other_writers_entry(root: Path, monkeypatch):

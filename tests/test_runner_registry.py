@@ -28,7 +28,7 @@ from embedfresh.operators import (
     JobResult,
     JobSpec,
     LocalRunner,
-    PromoteModelOperator,
+    ReleaseOperator,
     register_runner,
     registered_runners,
     unregister_runner,
@@ -85,9 +85,9 @@ def test_an_operator_runs_a_real_job_through_the_registered_runner(tmp_path: Pat
 
 
 def test_the_exit_code_contract_holds_under_the_registered_runner(tmp_path: Path):
-    # No gate report in an empty store: the promote job's bad input (exit 2), no retry.
-    op = PromoteModelOperator(
-        task_id="promote",
+    # No gate report in an empty store: the release job's bad input (exit 2), no retry.
+    op = ReleaseOperator(
+        task_id="release",
         artifact_root=f"file://{tmp_path}",
         run_id="r1",
         execution_mode="captured",

@@ -95,6 +95,9 @@ def garbage_collect(cfg: GarbageCollectConfig) -> dict[str, Any]:
         for rel in embeddings + versions:
             log.info("deleting %s: no kept release references it", store.url(rel))
             store.remove(rel, recursive=True)
+            parent = rel.rsplit("/", 1)[0]
+            if rel in embeddings and not store.listdir(parent):  # a version's last corpus
+                store.remove(parent, recursive=True)
     report = {
         "status": "ok",
         "model": cfg.model,
@@ -131,10 +134,12 @@ def _tables(cfg, keep_tables, in_use, recent, spared) -> list[str]:
     with open_index(cfg.artifact_root) as index:
         live = {index.live_table(cfg.model, c) for c in {t.corpus for t in index.tables(cfg.model)}}
         for info in index.tables(cfg.model):
-            if info.name in keep_tables or info.name in live:
+            if info.name in keep_tables:
                 continue
             what = f"table {info.name} ({index.location})"
-            if in_use(info.release):
+            if info.name in live:  # a bare release since: the view still reads it
+                spared.append({"what": what, "why": f"the live view of {info.corpus} reads it"})
+            elif in_use(info.release):
                 spared.append({"what": what, "why": f"run {info.release} holds a live lease"})
             elif not recent(what, info.created_at.timestamp() if info.created_at else None):
                 out.append(info.name)

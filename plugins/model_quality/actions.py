@@ -2,8 +2,9 @@
 
 The page changes no state: each override is a run of its own DAG
 (:data:`~embedfresh.plugins.model_quality.settings.OVERRIDE_DAG_IDS`), so the button is
-a link to that DAG in the Airflow UI, where the user triggers it with a version and a
-reason. Airflow decides who may: the link is shown only to a user the auth manager lets
+a link to that DAG in the Airflow UI, where the user triggers it with its Params (promote
+anyway: ``version`` and ``corpora``; roll back: ``release``) and a reason; the page shows
+the values it knows beside each link. Airflow decides who may: the link is shown only to a user the auth manager lets
 trigger the DAG (``POST`` on its runs), and the api-server refuses anyone else's trigger
 whatever the page shows.
 """
@@ -34,13 +35,15 @@ OVERRIDES = (
         "promote_anyway",
         OVERRIDE_DAG_IDS["promote_anyway"],
         "Promote anyway…",
-        "make a version production although the gate did not pass it; needs a reason",
+        "release a version the gate did not pass (its corpora embedded, loaded and "
+        "search-checked first); Params version, corpora and a reason",
     ),
     Override(
         "rollback",
         OVERRIDE_DAG_IDS["rollback"],
         "Roll back…",
-        "move production back to an earlier production version; needs a reason",
+        "make an earlier release that retention keeps live again, with its embeddings "
+        "and index tables; Params release and a reason",
     ),
 )
 

@@ -91,7 +91,8 @@ def create_app(root: str | None = None) -> FastAPI:
     """The plugin app; ``root`` overrides the artifact root (tests), else the DAGs' root."""
     app = FastAPI(
         title="Model quality",
-        description="Registry, gate decisions, curves, health, compile cache and embeddings.",
+        description="The live release, its history, gate decisions, curves, search checks, "
+        "health, compile cache and embeddings.",
         dependencies=[Depends(authorized_user)],
         # FastAPI's own docs routes ignore the app's dependencies: they would answer
         # without login. The schema is served below as an ordinary, authenticated route;
@@ -163,12 +164,14 @@ def create_app(root: str | None = None) -> FastAPI:
 
     section_readers = {
         "registry": reports.registry,
+        "release": reports.live_release,
         "decisions": reports.decisions,
         "curve": reports.latest_curve,
         "health": reports.health,
         "compile-cache": reports.compile_cache,
         "embeddings": reports.embeddings,
         "costs": reports.costs,
+        "search-checks": reports.search_checks,
     }
 
     @app.get("/api/models/{model}/{section}", summary="One section of the page")

@@ -1,11 +1,17 @@
 """The page's banner: is production healthy, and why.
 
-Built from :func:`embedfresh.plugins.model_quality.reports.overview`'s sections plus the
+Built from :func:`embedfresh.plugins.model_quality.reports.overview`'s sections (the live
+release with its corpora, the gate decisions, the newest runs' search checks) plus the
 newest decision's own ``gate.json`` (one read: its metrics carry ``higher_is_better``,
 ``n_needed`` and the reference's source) and, inside the request, the refresh DAG's next
 run from Airflow's metadata database. The reason sentence uses the gate report's numbers
 and its sidedness, improvement-signed as the gate judges them
 (:mod:`embedfresh.core.quality_chart`).
+
+What is live is the release, never "the newest embedding run": a promote-anyway or a
+rollback makes another release live, with its own embedding sets. When production is a
+bare pointer (a registry written before releases, or a release without corpora), the
+banner says that no verified embeddings are live.
 """
 
 from __future__ import annotations
@@ -27,13 +33,23 @@ MINUS = "\u2212"
 @dataclass
 class Banner:
     production: str | None
+    """The live model version."""
+    release: str | None
+    """The live release's id (None for a bare pointer of a registry from before releases)."""
     since: str | None
+    moved: str
+    """How the live release went live: after a gate's PASS, anyway, or by a rollback."""
+    bare: str | None
+    """Why production has no verified embeddings, when it has none."""
+    live: str
+    """The live release's embedding sets, index tables and search checks, in words."""
     run_id: str | None
     dag_id: str | None
     verdict: str | None
     sentence: str
     decided_at: str | None
-    embedding: str
+    search: str | None
+    """The newest decision's run's search checks and whether that run's release is live."""
     next_refresh: str
 
 
@@ -146,14 +162,97 @@ def next_refresh(dag_id: str) -> str:
         return f"not known ({type(e).__name__}: {first[:120]})"
 
 
-def latest_embedding(section: Section) -> str:
-    if not section.available or not section.data:
-        return section.message or "no embedding run yet"
-    runs = sorted(section.data, key=lambda r: str(r.get("created_at") or ""), reverse=True)
-    r = runs[0]
-    rows = f"{r['rows']:,} rows" if isinstance(r.get("rows"), int) else "rows not known"
-    at = f" at {r['created_at']}" if r.get("created_at") else ""
-    return f"version {r.get('version')} on {r.get('corpus')}: {rows}, {r.get('status')}{at}"
+def _ratio(value: Any) -> str:
+    return f"{value:.2%}" if isinstance(value, int | float) else "not known"
+
+
+def _figure(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) else "not known"
+
+
+def moved_words(data: dict[str, Any]) -> str:
+    """How the live release went live, in words: the action, and a person's who and why."""
+    action = data.get("action")
+    person = f" by {data.get('who') or 'someone'}: {data.get('why') or 'no reason recorded'}"
+    if action == "promote_anyway":
+        return "promoted anyway (no gate's PASS)" + person
+    if action == "rollback":
+        earlier = data.get("previous_release") or data.get("previous")
+        return f"rolled back from {earlier}" + person if earlier else "rolled back" + person
+    verdict = (data.get("gate") or {}).get("verdict") or data.get("verdict")
+    return f"released after the gate's {verdict}" if verdict else "released"
+
+
+def bare_words(data: dict[str, Any]) -> str | None:
+    """Why the live release carries no verified embeddings; None when it carries some."""
+    if not data.get("bare"):
+        return None
+    effect = (
+        "a search service reading the live release has no document vectors and no index "
+        "table from it; the next refresh that passes (or Promote anyway, which embeds its "
+        "corpora) makes a full release"
+    )
+    if data.get("legacy"):
+        return (
+            f"Production is a bare pointer to model version {data.get('version')}, from a "
+            f"registry written before releases: no verified embeddings are live; {effect}."
+        )
+    return (
+        f"Release {data.get('release')} carries no corpus embeddings (its corpora are "
+        f"empty, as for a published base version): no verified embeddings are live; {effect}."
+    )
+
+
+def corpus_words(c: dict[str, Any]) -> str:
+    """One corpus of the live release: rows, table, the search check and its figures."""
+    emb, index, check = c.get("embeddings") or {}, c.get("index") or {}, c.get("search_check") or {}
+    rows = f"{emb['rows']:,} rows" if isinstance(emb.get("rows"), int) else "rows not known"
+    figures = (
+        f"recall@10 {_figure(check.get('recall_at_10'))} over {check.get('queries')} queries, "
+        f"ANN recall {_ratio(check.get('ann_recall'))}"
+    )
+    compared = check.get("compared_with")
+    if isinstance(compared, dict):
+        figures += (
+            f"; release {compared.get('release')} had recall@10 "
+            f"{_figure(compared.get('recall_at_10'))}"
+        )
+    return (
+        f"{c.get('corpus')}: {rows} in table {index.get('table')}, search check "
+        f"{check.get('verdict') or 'not known'} ({figures})"
+    )
+
+
+def live_words(section: Section) -> str:
+    """The live release's corpora in one line, or why there is nothing to say."""
+    if not section.available:
+        return section.message or "no live release"
+    corpora = section.data.get("corpora") or []
+    if not corpora:
+        return "none: no verified embeddings are live"
+    return "; ".join(corpus_words(c) for c in corpora)
+
+
+def search_words(run_id: str | None, checks: Section, release: Section) -> str | None:
+    """The search checks of run ``run_id`` (the newest decision's) and whether its release
+    is live; None when that run has no search check (its gate stopped it, or it is older
+    than the newest runs read)."""
+    if run_id is None or not checks.available:
+        return None
+    rows = [r for r in checks.data if r.get("run_id") == run_id]
+    if not rows:
+        return None
+    said = "; ".join(
+        f"{r.get('verdict')} on {r.get('corpus')}"
+        + (f" ({r.get('reason')})" if r.get("verdict") != "PASS" else "")
+        for r in rows
+    )
+    live = release.data.get("release") if release.available else None
+    if live == run_id:
+        return f"search check {said}; release {run_id} is live"
+    if any(r.get("verdict") != "PASS" for r in rows):
+        return f"search check {said}; no release was made"
+    return f"search check {said}; release {run_id} is not live"
 
 
 def latest_gate(
@@ -177,21 +276,26 @@ def build(
     gate: dict[str, Any] | None,
     dag_id: str,
 ) -> Banner:
-    registry = sections["registry"]
-    prod = (registry.data or {}).get("production") or {} if registry.available else {}
+    release = sections["release"]
+    data = release.data if release.available else {}
     if row is None:
         sentence = sections["decisions"].message or "no gate decision yet"
     else:
         # The report itself when readable; else the row (same numbers, fewer fields).
         sentence = verdict_sentence(gate if gate is not None else row)
+    run_id = row.get("run_id") if row else None
     return Banner(
-        production=prod.get("version"),
-        since=prod.get("promoted_at"),
-        run_id=row.get("run_id") if row else None,
+        production=data.get("version"),
+        release=data.get("release"),
+        since=data.get("promoted_at"),
+        moved=moved_words(data) if data else release.message,
+        bare=bare_words(data) if data else None,
+        live=live_words(release),
+        run_id=run_id,
         dag_id=row.get("dag_id") if row else None,
         verdict=str(row.get("verdict")) if row else None,
         sentence=sentence,
         decided_at=row.get("created_at") if row else None,
-        embedding=latest_embedding(sections["embeddings"]),
+        search=search_words(run_id, sections["search_checks"], release),
         next_refresh=next_refresh(dag_id),
     )

@@ -7,6 +7,7 @@ is escaped; every link is relative to the plugin's prefix so a reverse proxy pat
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -18,19 +19,22 @@ from embedfresh.plugins.model_quality import chart as charts
 from embedfresh.plugins.model_quality.actions import Override
 from embedfresh.plugins.model_quality.chart import VERDICT_COLOURS
 from embedfresh.plugins.model_quality.reports import Section
-from embedfresh.plugins.model_quality.settings import REFRESH_DAG_ID
+from embedfresh.plugins.model_quality.settings import OVERRIDE_DAG_IDS, REFRESH_DAG_ID
 
 #: Run id prefixes Airflow gives DAG runs (DagRunType); other ids came from a shell.
 AIRFLOW_RUN_PREFIXES = ("manual__", "scheduled__", "asset_triggered__", "backfill__")
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 16px 24px; color: #1f2328; }
+body { font-family: system-ui, sans-serif; margin: 16px 24px; color: #1f2328;
+       overflow-wrap: break-word; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
-table { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
+table { border-collapse: collapse; margin: 6px 0; font-size: 13px; max-width: 100%; }
 th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; }
+.id, code { overflow-wrap: anywhere; }
 .na { color: #656d76; font-style: italic; }
 .problem { color: #cf222e; }
+.warning { color: #9a6700; font-weight: bold; }
 .verdict { font-weight: bold; }
 nav a { margin-right: 12px; }
 #banner { border: 1px solid #d0d7de; border-left-width: 6px; padding: 8px 14px; margin: 10px 0; }
@@ -38,6 +42,7 @@ nav a { margin-right: 12px; }
 #banner.verdict-pass { border-left-color: #1a7f37; }
 #banner.verdict-fail { border-left-color: #cf222e; }
 #banner.verdict-inconclusive { border-left-color: #9a6700; }
+#banner.bare { border-left-color: #9a6700; border-top: 4px solid #9a6700; }
 .chart svg { max-width: 100%; height: auto; }
 """
 
@@ -57,6 +62,20 @@ def _pct(value: Any) -> str:
     return f"{value:+.3%}" if isinstance(value, int | float) else NA
 
 
+def _id(value: Any, tag: str = "span") -> str:
+    """An id, a table name or a URL: one long word, which may break anywhere so that a
+    column of them never widens the page past the window."""
+    return NA if value is None or value == "" else f'<{tag} class="id">{escape(str(value))}</{tag}>'
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.2%}" if isinstance(value, int | float) else NA
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.3g} ms" if isinstance(value, int | float) else NA
+
+
 def verdict_html(verdict: Any) -> str:
     colour = VERDICT_COLOURS.get(str(verdict), "#1f2328")
     return f'<span class="verdict" style="color:{colour}">{_v(verdict)}</span>'
@@ -66,9 +85,21 @@ def dag_run_link(run_id: str, dag_id: str | None) -> str:
     """A link into the Airflow UI for runs made by a DAG; plain text otherwise."""
     dag = dag_id or (REFRESH_DAG_ID if run_id.startswith(AIRFLOW_RUN_PREFIXES) else None)
     if dag is None:
-        return f"{escape(run_id)} <span class='na'>(not a DAG run)</span>"
+        return f"{_id(run_id)} <span class='na'>(not a DAG run)</span>"
     href = f"../dags/{quote(dag, safe='')}/runs/{quote(run_id, safe='')}"
-    return f'<a href="{escape(href)}" target="_top">{escape(run_id)}</a>'
+    return f'<a class="id" href="{escape(href)}" target="_top">{escape(run_id)}</a>'
+
+
+def move_run_link(entry: dict[str, Any]) -> str:
+    """The run that moved the registry: a refresh's, or an override DAG's (promote anyway,
+    roll back) whose run ids look like any manual run's."""
+    run_id = entry.get("run_id")
+    if not run_id:
+        return NA
+    dag_id = entry.get("dag_id") or OVERRIDE_DAG_IDS.get(str(entry.get("action")))
+    if dag_id is None and not str(run_id).startswith(AIRFLOW_RUN_PREFIXES):
+        return dag_run_link(str(run_id), None)
+    return dag_run_link(str(run_id), dag_id)
 
 
 def table(headers: list[str], rows: list[list[str]], css_id: str = "") -> str:
@@ -103,37 +134,172 @@ def _metrics_cell(metrics: list[dict[str, Any]]) -> str:
     return "<br>".join(one(m) for m in metrics)
 
 
-def _registry(data: dict[str, Any]) -> str:
-    prod = data.get("production") or {}
-    rows = [
-        [
-            _v(h.get("version")),
-            _v(h.get("action", "promote")),
-            verdict_html(h.get("verdict")),
-            _v(h.get("mode")),
-            _v(h.get("reference")),
-            _v(h.get("previous")),
-            _v(h.get("promoted_at")),
-            _who_why(h),
-            dag_run_link(str(h.get("run_id")), h.get("dag_id")) if h.get("run_id") else NA,
-        ]
-        for h in data.get("history") or []
-    ]
+def _settings(settings: dict[str, Any]) -> str:
+    """How the vectors were embedded, one ``key value`` per setting (lists counted)."""
+    parts = []
+    for key, value in settings.items():
+        if isinstance(value, list | dict):
+            value = f"{len(value)} item(s)" if value else None
+        parts.append(f"{escape(str(key))} {'none' if value in (None, '') else _v(value)}")
+    return ", ".join(parts) if parts else NA
+
+
+def _ann(ann: Any) -> str:
+    if not isinstance(ann, dict) or not ann:
+        return NA
+    keys = ("m", "ef_construction", "ef_search")
+    return "HNSW " + ", ".join(f"{k} {_v(ann.get(k))}" for k in keys if k in ann)
+
+
+def _corpus_row(c: dict[str, Any]) -> str:
+    """One corpus of the live release: its embedding set, index table and search check."""
+    emb, index = c.get("embeddings") or {}, c.get("index") or {}
+    check = c.get("search_check") or {}
+    sha = str(emb.get("manifest_sha256") or "")
+    embedding = (
+        f"{_v(emb.get('rows'))} rows of {_v(emb.get('hidden'))} dimensions<br>"
+        f"{_settings(emb.get('settings') or {})}<br>"
+        f"manifest {_id(emb.get('manifest'), 'code')}<br>"
+        f'sha256 <code title="{escape(sha)}">{escape(sha[:16]) or NA}</code>'
+    )
+    table_cell = (
+        f"{_id(index.get('table'), 'code')}<br>live view {_id(index.get('live_view'), 'code')}<br>"
+        f"{_v(index.get('kind'))} at {_id(index.get('location'), 'code')}<br>{_ann(index.get('ann'))}"
+    )
+    compared = check.get("compared_with")
+    regression = check.get("regression") or {}
+    if isinstance(compared, dict):
+        against = (
+            f"against release {_id(compared.get('release'))} (version "
+            f"{_id(compared.get('version'))}, table {_id(compared.get('table'), 'code')}): "
+            f"recall@10 {_v(compared.get('recall_at_10'))}; "
+            f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
+        )
+    else:
+        against = f"not compared: {_v(regression.get('reason'))}"
+    latency = check.get("latency_ms") if isinstance(check.get("latency_ms"), dict) else {}
+    left_out = check.get("queries_left_out")
+    figures = (
+        f"queries {_v(check.get('queries'))}"
+        + (f" ({_v(left_out)} left out)" if left_out else "")
+        + f"<br>ANN recall {_ratio(check.get('ann_recall'))} (at least "
+        f"{_ratio(check.get('min_ann_recall'))})<br>recall@10 {_v(check.get('recall_at_10'))}"
+        f"<br>{against}<br>latency p50 {_ms(latency.get('p50'))}, p99 {_ms(latency.get('p99'))}"
+        f"<br>report {_id(check.get('report'), 'code')}"
+    )
     return (
-        f'<p>Production version: <strong id="production-version">{_v(prod.get("version"))}'
-        f"</strong>, promoted {_v(prod.get('promoted_at'))} "
-        f"(registry <code>{_v(data.get('url'))}</code>)</p>"
+        f'<tr id="release-corpus-{escape(str(c.get("corpus")))}">'
+        f"<td>{_v(c.get('corpus'))}</td><td>{embedding}</td><td>{table_cell}</td>"
+        f"<td>{verdict_html(check.get('verdict'))} {_v(check.get('reason'))}</td>"
+        f"<td>{figures}</td></tr>"
+    )
+
+
+def _live_release(data: dict[str, Any]) -> str:
+    """The live release: its model version, how it went live, and per corpus the embedding
+    set, the index table and the search check's figures."""
+    gate = data.get("gate") or {}
+    if data.get("legacy"):
+        head = (
+            f'<p id="live-release">No release: production is model version '
+            f'<strong class="id" id="production-version">{escape(str(data.get("version")))}'
+            f"</strong>, a bare pointer from a registry written before releases"
+        )
+    else:
+        head = (
+            f'<p id="live-release">Release <strong class="id" id="release-id">'
+            f"{escape(str(data.get('release')))}</strong>: model version "
+            f'<strong class="id" id="production-version">{escape(str(data.get("version")))}'
+            "</strong>"
+        )
+    head += (
+        f", live since {_v(data.get('promoted_at'))}: "
+        f"{escape(banner_data.moved_words(data))}"
+        + (f" ({_v(gate.get('mode'))}, run {move_run_link(data)})" if gate else "")
+        + (f" (run {move_run_link(data)})" if not gate and data.get("run_id") else "")
+        + "</p><p class='na'>"
+        + (f"release document {_id(data.get('url'), 'code')}; " if data.get("url") else "")
+        + f"registry {_id(data.get('registry'), 'code')}</p>"
+    )
+    if data.get("bare"):
+        return (
+            head
+            + f'<p class="warning" id="release-bare">{escape(banner_data.bare_words(data) or "")}</p>'
+        )
+    rows = "".join(_corpus_row(c) for c in data.get("corpora") or [])
+    headers = ["corpus", "embedding set", "index table", "search check", "figures"]
+    head_html = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    return (
+        head + f'<table id="release-corpora"><thead><tr>{head_html}</tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
+def _retention(release_id: Any, data: dict[str, Any], rollback: bool) -> str:
+    """Where a release stands with retention: live, kept (a rollback reaches it; with the
+    param to give when the user may roll back) or past retention."""
+    if not release_id:
+        return '<span class="na">bare pointer (before releases)</span>'
+    kept = data.get("kept") or []
+    if kept and release_id == kept[0]:
+        return "<strong>live</strong>"
+    if release_id in kept:
+        said = "kept: rollback possible"
+        if rollback:
+            said += f'<br><code class="id">release={escape(str(release_id))}</code>'
+        return said
+    return f'<span class="na">past retention (keeps {_v(data.get("keep"))})</span>'
+
+
+def _registry(data: dict[str, Any], offered: list[Override] | None = None) -> str:
+    """Every move of the live release, newest first, with where each release stands with
+    retention (kept ones are marked; a rollback reaches only those)."""
+    rollback = any(o.action == "rollback" for o in offered or [])
+    rows = []
+    for h in data.get("history") or []:
+        release_id = h.get("release")
+        version = h.get("version")
+        what = _id(release_id) if release_id else NA
+        if version and version != release_id:
+            what += f"<br>version {_id(version)}"
+        corpora = h.get("corpora")
+        if release_id is None:
+            corpora_cell = '<span class="na">none: bare pointer</span>'
+        elif not corpora:
+            corpora_cell = '<span class="warning">none</span>'
+        else:
+            corpora_cell = escape(", ".join(str(c) for c in corpora))
+        previous = h.get("previous_release") or h.get("previous")
+        rows.append(
+            [
+                what,
+                corpora_cell,
+                f"{_v(h.get('action', 'promote'))}<br>{verdict_html(h.get('verdict'))}"
+                if h.get("verdict")
+                else _v(h.get("action", "promote")),
+                _id(previous),
+                _v(h.get("promoted_at")),
+                _who_why(h),
+                move_run_link(h),
+                _retention(release_id, data, rollback),
+            ]
+        )
+    kept = data.get("kept") or []
+    return (
+        f"<p>Retention keeps the last {_v(data.get('keep'))} releases "
+        f"(<code>$EMBEDFRESH_KEEP_RELEASES</code>): live {_id(kept[0] if kept else None)}; "
+        f"kept before it: {', '.join(_id(k) for k in kept[1:]) or 'none'}; registry "
+        f"{_id(data.get('url'), 'code')}</p>"
         + table(
             [
-                "version",
+                "release",
+                "corpora",
                 "action",
-                "verdict",
-                "mode",
-                "reference",
                 "previous",
                 "moved at",
                 "who, why",
                 "run",
+                "retention",
             ],
             rows,
             "registry",
@@ -148,20 +314,43 @@ def _who_why(entry: dict[str, Any]) -> str:
     return f"{_v(entry.get('who'))}: {_v(entry.get('why'))}"
 
 
-def _overrides(offered: list[Override]) -> str:
-    """Links to the override DAGs the user may trigger; nothing for anyone else."""
+def override_conf(
+    action: str, model: str, release: dict[str, Any], registry: dict[str, Any], candidate: Any
+) -> dict[str, Any]:
+    """The Params to give an override DAG's Trigger form, as far as the page knows them:
+    promote anyway a ``version`` (the newest candidate when it is not live) with
+    ``corpora`` (the live release's), roll back to a ``release`` (the newest kept before
+    the live one). ``reason`` is always the person's to write."""
+    if action == "rollback":
+        kept = registry.get("kept") or []
+        return {"model": model, "release": kept[1] if len(kept) > 1 else "", "reason": ""}
+    corpora = [c.get("corpus") for c in release.get("corpora") or []] or ["products"]
+    version = candidate if candidate and candidate != release.get("version") else ""
+    return {"model": model, "version": version, "corpora": corpora, "reason": ""}
+
+
+def _overrides(offered: list[Override], confs: dict[str, dict[str, Any]]) -> str:
+    """Links to the override DAGs the user may trigger, each with the Params its Trigger
+    form asks for; nothing for anyone else.
+
+    Airflow 3's UI opens the Trigger form from the DAG's page and cannot prefill it from a
+    URL, so the Params are shown to copy (the form's fields, or its configuration JSON).
+    """
     if not offered:
         return ""
     links = "".join(
-        f'<a class="override" id="override-{escape(o.action)}" target="_top" '
-        f'href="../dags/{quote(o.dag_id, safe="")}" title="{escape(o.hint)}">'
+        f'<span class="override-item"><a class="override" id="override-{escape(o.action)}" '
+        f'target="_top" href="../dags/{quote(o.dag_id, safe="")}" title="{escape(o.hint)}">'
         f"{escape(o.label)}</a> "
+        f'<code class="id" id="override-conf-{escape(o.action)}">'
+        f"{escape(json.dumps(confs.get(o.action, {})))}</code></span> "
         for o in offered
     )
     return (
         f'<p id="overrides">Act on production: {links}'
-        "<span class='na'>(opens the DAG in Airflow: Trigger, then give the version and a "
-        "reason; recorded in the registry's history with your user name)</span></p>"
+        "<span class='na'>(opens the DAG in Airflow: Trigger, then give these Params, the "
+        "blank ones and a reason too; recorded in the registry's history with your user "
+        "name)</span></p>"
     )
 
 
@@ -203,19 +392,33 @@ def _chart(make) -> str:
     return f'{svg}<p class="na">chart: {escape(source)}</p>'
 
 
-def _banner(b: banner_data.Banner, offered: list[Override]) -> str:
+def _banner(b: banner_data.Banner, overrides: str) -> str:
     verdict = b.verdict or "none"
     run = f" in {dag_run_link(b.run_id, b.dag_id)}" if b.run_id else ""
     when = f" at {_v(b.decided_at)}" if b.decided_at else ""
+    release = (
+        f'release <strong class="id" id="banner-release">{escape(b.release)}</strong>, model '
+        f"version "
+        if b.release
+        else "model version "
+    )
+    bare = (
+        f'<p class="warning" id="banner-bare">{escape(b.bare)}</p>'
+        if b.bare
+        else f'<p>Live embeddings: <span id="banner-embeddings">{escape(b.live)}</span></p>'
+    )
+    search = f'; <span id="banner-search">{escape(b.search)}</span>' if b.search else ""
+    classes = f"verdict-{escape(verdict.lower())}" + (" bare" if b.bare else "")
     return (
-        f'<section id="banner" class="verdict-{escape(verdict.lower())}">'
-        f'<p>Production: <strong id="banner-production">{_v(b.production)}</strong>'
-        f" since {_v(b.since)}</p>"
+        f'<section id="banner" class="{classes}">'
+        f'<p>Production: {release}<strong class="id" id="banner-production">'
+        f"{_v(b.production)}</strong> since {_v(b.since)}: "
+        f'<span id="banner-moved">{escape(b.moved)}</span></p>'
+        f"{bare}"
         f"<p>Last refresh: {verdict_html(b.verdict) if b.verdict else NA}{run}{when}: "
-        f'<span id="banner-reason">{escape(b.sentence)}</span></p>'
-        f'<p>Last embedding run: <span id="banner-embedding">{escape(b.embedding)}</span></p>'
+        f'<span id="banner-reason">{escape(b.sentence)}</span>{search}</p>'
         f'<p>Next scheduled refresh: <span id="banner-next">{escape(b.next_refresh)}</span></p>'
-        f"{_overrides(offered)}</section>"
+        f"{overrides}</section>"
     )
 
 
@@ -364,22 +567,82 @@ def _compile_cache(entries: list[dict[str, Any]]) -> str:
     )
 
 
-def _embeddings(runs: list[dict[str, Any]]) -> str:
+def _embeddings(runs: list[dict[str, Any]], live: dict[str, Any] | None = None) -> str:
+    """Every embedding run; the sets the live release carries say so (a set not live is
+    not what search serves, however new)."""
+    live = live or {}
+    carried = {c.get("corpus") for c in live.get("corpora") or []}
+
+    def in_live(r: dict[str, Any]) -> str:
+        if r.get("version") == live.get("version") and r.get("corpus") in carried:
+            return f"<strong>live</strong> (release {_id(live.get('release'))})"
+        return '<span class="na">no</span>'
+
     return table(
-        ["version", "corpus", "rows", "parts", "sentences/s", "manifest", "at"],
+        ["version", "corpus", "rows", "parts", "sentences/s", "manifest", "at", "live"],
         [
             [
-                _v(r.get("version")),
+                _id(r.get("version")),
                 _v(r.get("corpus")),
                 _v(r.get("rows")),
                 _v(r.get("parts")),
                 _v(r.get("sentences_per_s")),
                 _v(r.get("status")),
                 _v(r.get("created_at")),
+                in_live(r),
             ]
             for r in runs
         ],
         "embeddings",
+    )
+
+
+def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = None) -> str:
+    """The newest runs' search checks: a failed one explains why its run made no release."""
+    live_id = (live or {}).get("release")
+
+    def compared(r: dict[str, Any]) -> str:
+        w = r.get("compared_with")
+        regression = r.get("regression") or {}
+        if not isinstance(w, dict):
+            return f"{verdict_html(regression.get('verdict'))} {_v(regression.get('reason'))}"
+        return (
+            f"release {_id(w.get('release'))}: recall@10 {_v(w.get('recall_at_10'))}; "
+            f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
+        )
+
+    def latency(r: dict[str, Any]) -> str:
+        ms = r.get("latency_ms") if isinstance(r.get("latency_ms"), dict) else {}
+        return f"p50 {_ms(ms.get('p50'))}<br>p99 {_ms(ms.get('p99'))}"
+
+    return table(
+        [
+            "run",
+            "corpus",
+            "verdict",
+            "queries",
+            "ANN recall",
+            "recall@10",
+            "compared with",
+            "latency",
+            "reason",
+        ],
+        [
+            [
+                dag_run_link(str(r["run_id"]), None)
+                + (" <strong>(live)</strong>" if r.get("run_id") == live_id else ""),
+                _v(r.get("corpus")),
+                verdict_html(r.get("verdict")),
+                _v(r.get("queries")),
+                f"{_ratio(r.get('ann_recall'))} (at least {_ratio(r.get('min_ann_recall'))})",
+                _v(r.get("recall_at_10")),
+                compared(r),
+                latency(r),
+                _v(r.get("reason")),
+            ]
+            for r in rows
+        ],
+        "search-checks",
     )
 
 
@@ -427,10 +690,19 @@ def render_page(
     """The page: the banner, then one section each; ``store`` (else one opened on
     ``root``) serves the newest decision's gate.json and its stored chart; ``overrides``
     are the override DAGs the user may trigger (:func:`~.actions.permitted`), linked from
-    the banner."""
+    the banner with the Params to give."""
     store = store if store is not None else ArtifactStore(root)
+    offered = overrides or []
     row, gate = banner_data.latest_gate(store, model, sections["decisions"])
-    top = _banner(banner_data.build(sections, row, gate, REFRESH_DAG_ID), overrides or [])
+    live = sections["release"].data if sections["release"].available else {}
+    registry = sections["registry"].data if sections["registry"].available else {}
+    confs = {
+        o.action: override_conf(o.action, model, live, registry, row and row.get("candidate"))
+        for o in offered
+    }
+    top = _banner(
+        banner_data.build(sections, row, gate, REFRESH_DAG_ID), _overrides(offered, confs)
+    )
 
     def curve(data: dict[str, Any]) -> str:
         source = gate if gate is not None and row and row["run_id"] == data.get("run_id") else data
@@ -445,15 +717,27 @@ def render_page(
     )
     body = "".join(
         [
-            _section("Registry", sections["registry"], _registry),
+            _section("Live release", sections["release"], _live_release),
+            _section(
+                "Release history (the registry's moves, newest first)",
+                sections["registry"],
+                lambda data: _registry(data, offered),
+            ),
             _section("Gate decisions", sections["decisions"], _decisions),
             _section("Latest candidate vs reference (evaluation curve)", sections["curve"], curve),
             _section(
                 "History: d per metric across gate decisions", sections["decisions"], _history
             ),
+            _section(
+                "Search checks of the newest runs",
+                sections["search_checks"],
+                lambda rows: _search_checks(rows, live),
+            ),
             _section("Health (latest per host and rank)", sections["health"], _health),
             _section("Compile cache", sections["compile_cache"], _compile_cache),
-            _section("Embedding runs", sections["embeddings"], _embeddings),
+            _section(
+                "Embedding runs", sections["embeddings"], lambda runs: _embeddings(runs, live)
+            ),
             _section(
                 "Cost of the newest runs (every attempt, on the runner's clock)",
                 sections["costs"],
@@ -463,7 +747,7 @@ def render_page(
     )
     return document(
         f"Model quality: {model}",
-        f"<nav>Models: {nav}</nav>{top}<p class='na'>artifact store {escape(root)}</p>{body}",
+        f"<nav>Models: {nav}</nav>{top}<p class='na'>artifact store {_id(root)}</p>{body}",
     )
 
 

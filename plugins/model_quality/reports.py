@@ -20,7 +20,9 @@ from typing import Any
 
 from embedfresh.core import layout, markers, run_index
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.registry import Registry
+from embedfresh.core.registry import PROMOTE, Registry
+from embedfresh.core.releases import Release, kept_releases, production_release
+from embedfresh.core.settings import DEFAULT_KEEP_RELEASES, keep_releases
 from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -142,25 +144,103 @@ def _newest_first(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
     return sorted(rows, key=lambda r: (str(r[1].get("created_at") or ""), r[0]), reverse=True)
 
 
-# -- registry ------------------------------------------------------------------------
+# -- registry and the live release ----------------------------------------------------
+
+#: The registry as read once for a page: (document or None before the first release, URL).
+RegistryRead = tuple[dict[str, Any] | None, str]
 
 
-def registry(store: ArtifactStore, model: str) -> Section:
-    """The registry as the jobs read it (:class:`embedfresh.core.registry.Registry`): one validation."""
+def read_registry(store: ArtifactStore, model: str) -> RegistryRead:
+    """The registry as the jobs read it (:class:`embedfresh.core.registry.Registry`): one
+    validation.
+
+    :raises ReportError: it exists but is not a valid registry (its own message).
+    """
     reg = Registry(store, model)
     try:
         doc, _ = reg.read()
     except BadInputError as e:
         raise ReportError(str(e)) from e
+    return doc, reg.url
+
+
+def _retention() -> tuple[int, list[str]]:
+    """How many releases retention keeps (``$EMBEDFRESH_KEEP_RELEASES``), and the problem
+    when the setting is not usable (the default applies then, as the page cannot refuse)."""
+    try:
+        return keep_releases(), []
+    except ValueError as e:
+        return DEFAULT_KEEP_RELEASES, [
+            f"{e}: retention shown for the default, {DEFAULT_KEEP_RELEASES}"
+        ]
+
+
+def registry(store: ArtifactStore, model: str, read: RegistryRead | None = None) -> Section:
+    """The registry's production entry and its history of moves, newest first, with the
+    releases retention keeps (``kept``: the live one first; a rollback reaches the others).
+
+    ``read``: the registry already read (:func:`read_registry`).
+    """
+    doc, url = read if read is not None else read_registry(store, model)
     if doc is None:
-        return Section(message=f"no registry yet: {model} has never been promoted")
+        return Section(message=f"no registry yet: {model} has never been released")
+    keep, problems = _retention()
     return Section(
         data={
-            "url": reg.url,
+            "url": url,
             "production": doc.get("production"),
             "history": [h for h in reversed(doc["history"]) if isinstance(h, dict)],
-        }
+            "keep": keep,
+            "kept": kept_releases(doc, keep),
+        },
+        problems=problems,
     )
+
+
+def release_data(release: Release, production: dict[str, Any], registry_url: str) -> dict[str, Any]:
+    """What the page shows of the live release: the registry's production entry (how and
+    when it went live) and the release document (its corpora, each with its embedding set,
+    index table and search check figures)."""
+    doc = release.doc
+    return {
+        "release": release.release,
+        "version": release.version,
+        "url": release.url,
+        "registry": registry_url,
+        "legacy": release.legacy,
+        "bare": release.bare,
+        "action": production.get("action", PROMOTE),
+        "verdict": production.get("verdict"),
+        "promoted_at": production.get("promoted_at"),
+        "run_id": production.get("run_id"),
+        "dag_id": production.get("dag_id"),
+        "who": production.get("who"),
+        "why": production.get("why"),
+        "previous": production.get("previous"),
+        "previous_release": production.get("previous_release"),
+        "created_at": doc.get("created_at"),
+        "gate": doc.get("gate"),
+        "corpora": [
+            {"corpus": name, **entry.to_dict()} for name, entry in sorted(release.corpora.items())
+        ],
+    }
+
+
+def live_release(store: ArtifactStore, model: str, read: RegistryRead | None = None) -> Section:
+    """The live release (:func:`embedfresh.core.releases.production_release`): the model
+    version and, per corpus, its embedding set, index table and search check.
+
+    A registry written before releases reads as a bare pointer (``legacy``), a release
+    without corpora as ``bare``: production then has no verified embeddings.
+    """
+    doc, url = read if read is not None else read_registry(store, model)
+    try:
+        release = production_release(store, model, doc)
+    except BadInputError as e:
+        raise ReportError(str(e)) from e
+    if release is None:
+        return Section(message=f"no live release yet: {model} has never been released")
+    return Section(data=release_data(release, doc["production"], url))
 
 
 # -- gate decisions ------------------------------------------------------------------
@@ -459,18 +539,22 @@ def embeddings(store: ArtifactStore, model: str) -> Section:
 COST_RUNS = 10
 
 
-def costs(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
-    """What the newest runs cost: their executions' cost records (every attempt, on the
-    runner's own clock: the local process's, or AWS Batch's) added up per run."""
-    from embedfresh.core.cost import read_run_costs, run_cost_total
-
-    runs = runs or runs_of(store, model)
+def newest_runs(runs: Runs, count: int) -> list[str]:
+    """The ids of the ``count`` newest runs that reported anything the page reads."""
     every = [pair for kind in runs.rows.values() for pair in kind]
     newest: list[str] = []
     for run_id, _ in _newest_first(every):
         if run_id not in newest:
             newest.append(run_id)
-    newest = newest[:COST_RUNS]
+    return newest[:count]
+
+
+def costs(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
+    """What the newest runs cost: their executions' cost records (every attempt, on the
+    runner's own clock: the local process's, or AWS Batch's) added up per run."""
+    from embedfresh.core.cost import read_run_costs, run_cost_total
+
+    newest = newest_runs(runs or runs_of(store, model), COST_RUNS)
     if not newest:
         return Section(message=f"no runs of {model} yet")
     with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(newest)))) as pool:
@@ -494,23 +578,99 @@ def costs(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Sect
     return Section(data=rows)
 
 
+# -- search checks -----------------------------------------------------------------------
+
+#: Runs whose search checks the page reads (each costs a listing and a read per corpus).
+SEARCH_RUNS = 10
+SEARCH_PREFIX = "search-"
+SEARCH_REQUIRED = ("verdict", "corpus")
+
+
+def search_check_row(run_id: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one search check report (``reports/search-{corpus}.json``)."""
+    regression = doc.get("regression") if isinstance(doc.get("regression"), dict) else {}
+    index = doc.get("index") if isinstance(doc.get("index"), dict) else {}
+    return {
+        "run_id": run_id,
+        "corpus": doc.get("corpus"),
+        "verdict": doc.get("verdict"),
+        "reason": doc.get("reason"),
+        "release": doc.get("release"),
+        "version": doc.get("version"),
+        "table": index.get("table"),
+        "queries": doc.get("queries"),
+        "queries_left_out": doc.get("queries_left_out"),
+        "ann_recall": doc.get("ann_recall"),
+        "min_ann_recall": doc.get("min_ann_recall"),
+        "recall_at_10": doc.get("recall_at_10"),
+        "latency_ms": doc.get("latency_ms"),
+        "compared_with": regression.get("with"),
+        "regression": {k: regression.get(k) for k in ("verdict", "reason", "mode")},
+        "live_release": doc.get("live_release"),
+    }
+
+
+def search_checks(store: ArtifactStore, model: str, *, runs: Runs | None = None) -> Section:
+    """The search checks of the newest runs (each corpus's ``search-{corpus}.json``), newest
+    run first: a refresh whose check failed made no release, and says why here."""
+    newest = newest_runs(runs or runs_of(store, model), SEARCH_RUNS)
+
+    def one(run_id: str) -> tuple[list[tuple[str, dict]], list[str]]:
+        reports_dir = layout.reports(model, run_id)
+        found, problems = [], []
+        for name in store.listdir(reports_dir):
+            if not (name.startswith(SEARCH_PREFIX) and name.endswith(".json")):
+                continue
+            try:
+                doc = read_report(store, f"{reports_dir}/{name}", required=SEARCH_REQUIRED)
+            except ReportError as e:
+                problems.append(str(e))
+                continue
+            if doc is not None:
+                found.append((run_id, doc))
+        return found, problems
+
+    if not newest:
+        return Section(message=f"no runs of {model} yet")
+    with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(newest)))) as pool:
+        results = list(pool.map(one, newest))
+    rows = [
+        search_check_row(run_id, doc)
+        for found, _ in results
+        for run_id, doc in sorted(found, key=lambda f: str(f[1].get("corpus")))
+    ]
+    problems = [p for _, more in results for p in more]
+    if not rows:
+        return Section(
+            message=f"no search check in the newest {len(newest)} runs of {model}",
+            problems=problems,
+        )
+    return Section(data=rows, problems=problems)
+
+
 def overview(store: ArtifactStore, model: str) -> dict[str, Section]:
     """Every section of the page for one model, each read on its own.
 
-    The runs (the run index, or every run's reports when there is none) feed four
-    sections and are read once; if that read fails, each section tries again and
-    reports the failure itself.
+    The runs (the run index, or every run's reports when there is none) feed six
+    sections and the registry two; each is read once, and if that read fails, each
+    section tries again and reports the failure itself.
     """
     try:
         runs: Runs | None = runs_of(store, model)
     except Exception:
         runs = None
+    try:
+        read: RegistryRead | None = read_registry(store, model)
+    except Exception:
+        read = None
     return {
-        "registry": guarded("registry", lambda: registry(store, model)),
+        "registry": guarded("registry", lambda: registry(store, model, read)),
+        "release": guarded("live release", lambda: live_release(store, model, read)),
         "decisions": guarded("gate decisions", lambda: decisions(store, model, runs=runs)),
         "curve": guarded("evaluation curve", lambda: latest_curve(store, model, runs=runs)),
         "health": guarded("health report", lambda: health(store, model, runs=runs)),
         "compile_cache": guarded("compile cache", lambda: compile_cache(store, model, runs=runs)),
         "embeddings": guarded("embedding runs", lambda: embeddings(store, model)),
         "costs": guarded("cost records", lambda: costs(store, model, runs=runs)),
+        "search_checks": guarded("search checks", lambda: search_checks(store, model, runs=runs)),
     }

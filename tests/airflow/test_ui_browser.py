@@ -3,19 +3,26 @@ session's real Airflow (api-server, scheduler, dag-processor; server.py) with re
 
 The admin logs in through Airflow's login page, opens the refresh DAG, presses Trigger
 and submits the form with its defaults; the run (a manual run: the newest partition of
-the demo store) succeeds through the scheduler. The "Model quality" page's banner then
-names the new production version, the run link leads to Airflow's page of that run, and
+the demo store) succeeds through the scheduler, its release (the model version with the
+products embeddings, loaded into the embedded vector index under the artifact root and
+search-checked) goes live. The "Model quality" page's banner then names the new release,
+its embeddings and search check, the run link leads to Airflow's page of that run, and
 the chart is there. A second refresh on a bad partition (labels flipped) fails the gate:
-the banner says FAIL and why, production stays. A viewer sees the page without the
-override links. Screenshots (a PASS and a FAIL page) go to the test's tmp folder and to
-``$EMBEDFRESH_SCREENSHOT_DIR`` when set (docs/images/ holds copies).
+the banner says FAIL and why, the release stays, and the promote-anyway Params beside
+its link name the refused candidate (the rollback's name a ``release``). A viewer sees
+the page without the override links. Screenshots (a PASS and a FAIL page) go to the
+test's tmp folder and to ``$EMBEDFRESH_SCREENSHOT_DIR`` when set (docs/images/ holds
+copies).
 
 The same server also serves a store filled by the real jobs themselves (generate data,
-train, evaluate, gate, promote, health, embed, verify; tiny model), as a manual DAG run
-would: an unauthenticated request is refused, the REST API lists our plugin with no
-import error, and in chromium the page inside the Airflow UI (Browse -> Model quality)
-and on its own shows the registry row, the gate verdict, health, embeddings and the
-chart (screenshots model-quality-in-airflow.png and model-quality.png).
+train, evaluate, gate, health, embed, verify, index load, search check, release; tiny
+model), as a manual DAG run would: an unauthenticated request is refused, the REST API
+lists our plugin with no import error, and in chromium the page inside the Airflow UI
+(Browse -> Model quality) at 1440 px scrolls nowhere sideways and shows the release
+history's run column whole; on its own it shows the live release with its corpus's
+table and search check figures, the release history, the gate verdict, health,
+embeddings and the chart (screenshots model-quality-in-airflow.png and
+model-quality.png).
 
 Chromium and chromedriver come from Debian (.ci/run installs them); without them this
 test FAILS, it never skips.
@@ -35,6 +42,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from embedfresh.core.releases import live_release
 from embedfresh.core.storage import ArtifactStore
 from tests.airflow.server import REFRESH, AirflowServer
 from tests.airflow.test_gate_failure import flip_labels
@@ -64,8 +72,9 @@ def _job(root: str, name: str, *sets: str) -> dict:
 
 
 def _fill_with_jobs(root: str, data_template: Path) -> bytes:
-    """``root`` made afresh from the generated data, then one model promoted by the real
-    jobs, as a manual DAG run would; the registry's bytes after it."""
+    """``root`` made afresh from the generated data, then one release made live by the
+    real jobs, as a manual DAG run would (the vector index: the embedded server under
+    ``root``); the registry's bytes after it."""
     path = Path(root.removeprefix("file://"))
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(data_template, path)
@@ -75,10 +84,14 @@ def _fill_with_jobs(root: str, data_template: Path) -> bytes:
     # recall@10 on so few queries is INCONCLUSIVE (the gate asks for more data).
     gate = _job(root, "gate", 'metrics=["accuracy", "auc"]')
     assert gate["verdict"] == "PASS", gate
-    _job(root, "promote")
     _job(root, "health", *HEALTH)
     _job(root, "embed", f"version={JOBS_RUN}")
     _job(root, "embed_verify", f"version={JOBS_RUN}")
+    _job(root, "index_load", "corpus=products")
+    check = _job(root, "search_check", "corpus=products")
+    assert check["verdict"] == "PASS", check
+    released = _job(root, "release", 'corpora=["products"]')
+    assert released["release"] == JOBS_RUN, released
     return (path / "models/tiny/registry.json").read_bytes()
 
 
@@ -146,6 +159,26 @@ def new_manual_run(server: AirflowServer, known: set[str]) -> str:
     return server.wait_for(created, 60, "the triggered run to appear")
 
 
+def fits_sideways(browser) -> dict:
+    """Whether the current document scrolls sideways, and every table cell whose content
+    is cut (wider than the cell, or past the window's right edge)."""
+    return browser.execute_script(
+        """
+        const de = document.documentElement;
+        const cut = [...document.querySelectorAll('td, th')]
+          .filter(c => c.scrollWidth > c.clientWidth + 1
+                       || c.getBoundingClientRect().right > de.clientWidth + 1)
+          .map(c => (c.closest('table').id || '?') + ': ' + c.textContent.slice(0, 60));
+        return {width: de.clientWidth, scroll: de.scrollWidth, cut: cut};
+        """
+    )
+
+
+def assert_no_sideways_scroll(browser, where: str) -> None:
+    fit = fits_sideways(browser)
+    assert fit["scroll"] <= fit["width"] and not fit["cut"], (where, fit)
+
+
 def keep(tmp_path: Path, name: str) -> None:
     assert (tmp_path / name).stat().st_size > 10_000
     if directory := os.environ.get("EMBEDFRESH_SCREENSHOT_DIR"):  # pytest prunes tmp
@@ -202,12 +235,22 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     log_in(browser, server, "admin")
     assert any(c["name"] == "_token" for c in browser.get_cookies()), browser.get_cookies()
 
-    # Inside the Airflow UI: the external view embeds the page in an iframe.
+    # Inside the Airflow UI: the external view embeds the page in an iframe. At 1440 px
+    # (the window's width) neither the UI nor the page scrolls sideways, and the release
+    # history's run column is whole: its link inside the frame's width.
+    assert browser.get_window_size()["width"] == 1440
     browser.get(f"{base}/plugin/model-quality")
     frame = wait.until(ec.presence_of_element_located((By.TAG_NAME, "iframe")))
     browser.switch_to.frame(frame)
     wait.until(ec.presence_of_element_located((By.ID, "decisions")))
+    wait.until(ec.presence_of_element_located((By.ID, "release-corpora")))
+    assert_no_sideways_scroll(browser, "the page in Airflow's frame")
+    run_link = browser.find_element(By.CSS_SELECTOR, "#registry tbody tr td a")
+    assert run_link.text.replace("\n", "") == JOBS_RUN
+    right = browser.execute_script("return arguments[0].getBoundingClientRect().right", run_link)
+    assert right <= browser.execute_script("return document.documentElement.clientWidth")
     browser.switch_to.default_content()
+    assert_no_sideways_scroll(browser, "the Airflow UI around the page")
     time.sleep(1)  # let the UI finish painting its navigation
     browser.save_screenshot(str(tmp_path / JOB_SCREENSHOTS[0]))
 
@@ -223,13 +266,27 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     production = browser.find_element(By.ID, "production-version").text
     registry_rows = browser.find_elements(By.CSS_SELECTOR, "#registry tbody tr")
     assert verdict == "PASS" and production == JOBS_RUN
+    assert browser.find_element(By.ID, "release-id").text == JOBS_RUN
     assert len(registry_rows) == 1 and JOBS_RUN in registry_rows[0].text
-    assert "PASS" in registry_rows[0].text
+    assert "PASS" in registry_rows[0].text and "live" in registry_rows[0].text
+    # The live release: the products set, the table it was loaded into, the search check.
+    store = ArtifactStore(server.env["EMBEDFRESH_ARTIFACT_ROOT"])
+    live = live_release(store, "tiny")
+    products = live.corpus("products")
+    row = browser.find_element(By.ID, "release-corpus-products").text
+    assert row.startswith("products") and "600 rows" in row, row
+    assert products.table in row.replace("\n", "") and "PASS" in row, row
+    check = products.search_check
+    assert f"ANN recall {check['ann_recall']:.2%}" in row, row
+    assert f"recall@10 {check['recall_at_10']:.6g}" in row, row
+    searched = browser.find_element(By.CSS_SELECTOR, "#search-checks tbody tr").text
+    assert JOBS_RUN in searched.replace("\n", "") and "PASS" in searched, searched
     assert browser.find_element(By.ID, "health-verdict").text.startswith("Latest verdict PASS")
     health = browser.find_element(By.ID, "health-ranks").text
     assert socket.gethostname() in health and "checks passed" in health
     embeddings = browser.find_element(By.CSS_SELECTOR, "#embeddings tbody tr").text
     assert "products" in embeddings and "verified" in embeddings and " 600 " in f" {embeddings} "
+    assert "live" in embeddings, embeddings
     chart = browser.find_element(By.CSS_SELECTOR, "#chart svg.quality-chart")
     assert chart.size["width"] > 300 and chart.size["height"] > 200
     # The chart the gate job wrote (reports/gate.vl.json), rendered by vl-convert.
@@ -237,7 +294,15 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     assert chart.find_elements(By.CSS_SELECTOR, "g.sla_line_marks")
     assert "gate.vl.json" in browser.find_element(By.ID, "chart").text
     banner = browser.find_element(By.ID, "banner").text
-    assert f"Production: {JOBS_RUN}" in banner and "Last refresh: PASS" in banner
+    assert browser.find_element(By.ID, "banner-production").text == JOBS_RUN, banner
+    assert browser.find_element(By.ID, "banner-release").text == JOBS_RUN, banner
+    assert "Last refresh: PASS" in banner and not browser.find_elements(By.ID, "banner-bare")
+    live_words = browser.find_element(By.ID, "banner-embeddings").text
+    assert live_words.startswith("products: 600 rows in table "), live_words
+    assert browser.find_element(By.ID, "banner-search").text == (
+        f"search check PASS on products; release {JOBS_RUN} is live"
+    )
+    assert_no_sideways_scroll(browser, "the page on its own")
     browser.save_screenshot(str(tmp_path / JOB_SCREENSHOTS[1]))
     for name in JOB_SCREENSHOTS:
         keep(tmp_path, name)
@@ -262,12 +327,20 @@ def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_p
     assert run["state"] == "success", server.explain(REFRESH, run_id)
     assert run["triggering_user_name"] == "admin"
 
-    # 2. The page: the banner names the new production version, PASS, and why.
+    # 2. The page: the banner names the new release, its embeddings, PASS, and why.
     browser.get(page)
     banner = wait.until(ec.presence_of_element_located((By.ID, "banner")))
     assert browser.find_element(By.ID, "banner-production").text == run_id, banner.text
+    assert browser.find_element(By.ID, "banner-release").text == run_id, banner.text
     assert "Last refresh: PASS" in banner.text, banner.text
     assert browser.find_element(By.ID, "banner-reason").text, banner.text
+    table = live_release(store, "tiny").corpus("products").table
+    assert table in browser.find_element(By.ID, "banner-embeddings").text, banner.text
+    assert browser.find_element(By.ID, "banner-search").text.endswith(
+        f"release {run_id} is live"
+    ), banner.text
+    assert browser.find_element(By.ID, "release-corpus-products")
+    assert_no_sideways_scroll(browser, "the page after the PASS")
     chart = browser.find_element(By.CSS_SELECTOR, "#chart svg")
     assert chart.size["width"] > 300 and chart.size["height"] > 150
     assert browser.find_elements(By.ID, "override-promote_anyway")
@@ -291,9 +364,20 @@ def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_p
     browser.get(page)
     banner = wait.until(ec.presence_of_element_located((By.ID, "banner")))
     assert browser.find_element(By.ID, "banner-production").text == run_id, banner.text
+    assert browser.find_element(By.ID, "banner-release").text == run_id, banner.text
     assert "Last refresh: FAIL" in banner.text, banner.text
     reason = browser.find_element(By.ID, "banner-reason").text
     assert "worse than production" in reason and "the SLA allows 0.1%" in reason, reason
+    # The overrides' Params: promote anyway the refused candidate with the live release's
+    # corpora; a rollback takes a release (none kept before this first one yet).
+    confs = {
+        action: json.loads(browser.find_element(By.ID, f"override-conf-{action}").text)
+        for action in ("promote_anyway", "rollback")
+    }
+    assert confs["promote_anyway"] == {
+        "model": "tiny", "version": bad, "corpora": ["products"], "reason": ""
+    }  # fmt: skip
+    assert confs["rollback"] == {"model": "tiny", "release": "", "reason": ""}
     time.sleep(1)
     browser.save_screenshot(str(tmp_path / SCREENSHOTS[1]))
     keep(tmp_path, SCREENSHOTS[1])

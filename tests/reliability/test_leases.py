@@ -175,12 +175,12 @@ def test_sigterm_anywhere_in_a_job_exits_75_with_one_line_and_frees_the_lease(
     any job run through :func:`embedfresh.core.cli.run_job`: exit 75, one line, the lease
     released for the retry at once, the previous SIGTERM handler back."""
     from embedfresh.core.cli import run_job as cli_run_job
-    from embedfresh.core.config import PromoteConfig
+    from embedfresh.core.config import ReleaseConfig
 
     store_dir = tmp_path / "root"
     seen: dict[str, bool] = {}
 
-    def job(cfg: PromoteConfig) -> dict:
+    def job(cfg: ReleaseConfig) -> dict:
         store = ArtifactStore(cfg.artifact_root)
         seen["lease before the first write"] = store.exists("runs/tiny/t/leases/work.json")
         store.write_bytes("runs/tiny/t/reports/partial.json", b"{}")
@@ -192,7 +192,7 @@ def test_sigterm_anywhere_in_a_job_exits_75_with_one_line_and_frees_the_lease(
 
     previous = signal.getsignal(signal.SIGTERM)
     argv = ["--set", f"artifact_root=file://{store_dir}", "--set", "run_id=t"]
-    code = cli_run_job("work", PromoteConfig, job, argv)
+    code = cli_run_job("work", ReleaseConfig, job, argv)
     assert code == ExitCode.TRANSIENT
     assert seen == {"lease before the first write": False, "lease after it": True}
     lines = capsys.readouterr().err.strip().splitlines()
