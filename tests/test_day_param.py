@@ -25,6 +25,7 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.operators import (
     AheadOfTimeCompileOperator,
     BackendParityOperator,
+    CorporaOperator,
     CorpusShardsOperator,
     IncrementalTrainingOperator,
 )
@@ -318,6 +319,9 @@ def test_a_template_that_does_not_render_fails_without_retry(template):
     shards = CorpusShardsOperator(task_id="shards", artifact_root="file:///r", corpus=template)
     with pytest.raises(AirflowFailException, match="task shards"):
         shards.render_template_fields(context, dag.get_template_env())
+    corpora = CorporaOperator(task_id="corpora", artifact_root="file:///r", corpora=template)
+    with pytest.raises(AirflowFailException, match="task corpora: a template of .* not retrying"):
+        corpora.render_template_fields(context, dag.get_template_env())
 
 
 def test_a_template_that_renders_is_untouched():

@@ -154,8 +154,8 @@ def test_embed_matches_corpus_and_single_text_embedding(root: str) -> None:
     assert not store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
     second = run_job("embed", *base, "shards=[2]")
     assert second.returncode == 0, second.stderr
-    rep01 = store.read_json("runs/tiny/manual/reports/embed-0-1.json")
-    rep2 = store.read_json("runs/tiny/manual/reports/embed-2.json")
+    rep01 = store.read_json("runs/tiny/manual/reports/embed-products-0-1.json")
+    rep2 = store.read_json("runs/tiny/manual/reports/embed-products-2.json")
     assert rep01["shards_done"] == [0, 1] and rep2["shards_done"] == [2]
     assert rep01["rows"] + rep2["rows"] == 600
     assert 0 < rep01["padding_efficiency"] <= 1 and rep01["sentences_per_s"] > 0
@@ -182,7 +182,8 @@ def test_embed_matches_corpus_and_single_text_embedding(root: str) -> None:
 
     # All committed: a rerun skips everything and keeps the manifest.
     assert _in_process(root, "corpus=products") == 0
-    assert store.read_json("runs/tiny/manual/reports/embed.json")["shards_skipped"] == [0, 1, 2]
+    rerun = store.read_json("runs/tiny/manual/reports/embed-products.json")
+    assert rerun["shards_skipped"] == [0, 1, 2]
     assert store.exists(f"{OUT.format(corpus='products')}/_MANIFEST.json")
 
 
@@ -193,7 +194,7 @@ def test_buckets_of_mixed_lengths_do_not_change_vectors(root: str) -> None:
     texts += ["", "a", "very " * 100]
     _corpus(store, "mixed", [_table(range(1000, 1000 + len(texts)), texts)])
     assert _in_process(root, "corpus=mixed", "token_budget=512") == 0
-    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    report = store.read_json("runs/tiny/manual/reports/embed-mixed.json")
     assert report["shapes"] == [[8, 64], [16, 32], [32, 16]]
     out_ids, vectors = _outputs(store, "mixed")
     np.testing.assert_array_equal(out_ids, np.arange(1000, 1000 + len(texts)))
@@ -239,7 +240,7 @@ def test_killed_task_retry_redoes_only_uncommitted_shards(root: str) -> None:
 
     retry = run_job("embed", *sets)
     assert retry.returncode == 0, retry.stderr
-    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    report = store.read_json("runs/tiny/manual/reports/embed-killme.json")
     assert report["shards_skipped"] == [0] and report["shards_done"] == [1, 2]
     out_ids, vectors = _outputs(store, "killme")
     assert len(out_ids) == len(np.unique(out_ids)) == 100 + big * 600
@@ -317,7 +318,7 @@ def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:
     texts = ["lorem ipsum dolor " * 400, "short text", "x " * 63, "x " * 62]
     _corpus(store, "long", [_table([1, 2, 3, 4], texts)])
     assert _in_process(root, "corpus=long") == 0
-    report = store.read_json("runs/tiny/manual/reports/embed.json")
+    report = store.read_json("runs/tiny/manual/reports/embed-long.json")
     assert report["truncated"] == 2 and report["rows"] == 4
     assert report["max_length"] == 64 and report["truncated_per_shard"] == {"0": 2}
     assert report["truncated_reused"] == 0
@@ -326,7 +327,7 @@ def test_texts_over_max_length_are_truncated_and_counted(root: str) -> None:
     # A re-run reuses the shard and embeds nothing, but its report still says that the
     # output it stands for holds two cut texts (from the shard's commit marker).
     assert _in_process(root, "corpus=long", "run_id=again") == 0
-    again = store.read_json("runs/tiny/again/reports/embed.json")
+    again = store.read_json("runs/tiny/again/reports/embed-long.json")
     assert again["shards_skipped"] == [0] and again["truncated"] == 0
     assert again["truncated_reused"] == 2 and again["rows_reused"] == 4
 
@@ -366,3 +367,133 @@ def test_verify_finds_ids_repeated_across_tasks(root: str, capsys: pytest.Captur
     assert _in_process(root, "corpus=dupx", fn=verify) == 2
     assert "1 ids appear in more than one corpus shard" in capsys.readouterr().err
     assert not store.exists(f"{OUT.format(corpus='dupx')}/_MANIFEST.json")
+
+
+# --- what a release carries never changes -------------------------------------------
+
+
+def _release_products(store: ArtifactStore, release: str) -> None:
+    """Make ``release`` live with tiny v1 and its verified products embeddings, as the
+    release job records them (no vector index needed: only the store is read here)."""
+    from embedfresh.core.embedding_sets import read_embedding_set
+    from embedfresh.core.index import live_view_name, table_name
+    from embedfresh.core.registry import PROMOTE, Registry
+    from embedfresh.core.releases import CorpusRelease, release_doc, write_release
+
+    eset = read_embedding_set(store, "tiny", "v1", "products")
+    corpus = CorpusRelease(
+        corpus="products",
+        manifest=eset.manifest_url,
+        manifest_sha256=eset.manifest_sha256,
+        rows=eset.rows,
+        hidden=eset.hidden,
+        settings=eset.settings,
+        index={
+            "kind": "pgvector",
+            "location": "embedded:test",
+            "table": table_name("tiny", release, "products"),
+            "live_view": live_view_name("tiny", "products"),
+        },
+        search_check={"verdict": "PASS"},
+    )
+    made, written = write_release(
+        store,
+        release_doc(
+            model="tiny",
+            release=release,
+            version="v1",
+            version_url=store.url(layout.model_version("tiny", "v1")),
+            run_id=release,
+            action=PROMOTE,
+            corpora={"products": corpus},
+            created_at="2026-01-02T00:00:00+00:00",
+        ),
+    )
+    assert written
+    Registry(store, "tiny").release(made, details={"run_id": release, "verdict": "PASS"})
+
+
+def _files(store: ArtifactStore) -> dict[str, bytes]:
+    """Every file in the store, by its path in the store."""
+    base = Path(store.path(""))
+    return {str(p.relative_to(base)): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+
+
+def test_a_set_a_kept_release_carries_is_never_rewritten(
+    root: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shard 1 of the corpus changed after release rel-jan carried tiny v1's products
+    embeddings: a re-run would rewrite part 1 under the release, so it exits 2 naming the
+    release and writes nothing. Once retention no longer keeps that release, the same
+    re-run embeds the changed shard (so it is the release that refuses it)."""
+    from embedfresh.core.settings import KEEP_RELEASES_ENV
+    from tests.releasing import bare_release
+
+    monkeypatch.delenv(KEEP_RELEASES_ENV, raising=False)  # the default: 3 kept
+    store = _publish(root)
+    assert _in_process(root, "corpus=products") == 0
+    assert _in_process(root, "corpus=products", fn=verify) == 0
+    _release_products(store, "rel-jan")
+    capsys.readouterr()
+
+    shard = f"{layout.corpus('products')}/{layout.part_name(1)}"
+    table = read_parquet(store, shard)
+    texts = table.column("text").to_pylist()
+    texts[5] = "a text that changed after the release"
+    sink = pa.BufferOutputStream()
+    pq.write_table(_table(table.column("id").to_pylist(), texts), sink)
+    store.write_bytes(shard, sink.getvalue().to_pybytes())
+
+    before = _files(store)
+    assert _in_process(root, "corpus=products", "run_id=again") == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "carried by release(s) rel-jan" in last, err
+    assert "shard 1: the corpus shard changed" in last, err
+    assert _files(store) == before  # no part, marker, manifest, report or record
+
+    # The set is no longer kept once two later releases went live with keep=2.
+    bare_release(store, "tiny", "v1", "rel-feb")
+    assert _in_process(root, "corpus=products", "run_id=again") == 2  # still kept (of 3)
+    bare_release(store, "tiny", "v1", "rel-mar")
+    monkeypatch.setenv(KEEP_RELEASES_ENV, "2")
+    assert _in_process(root, "corpus=products", "run_id=again") == 0, capsys.readouterr().err
+    report = store.read_json(layout.report("tiny", "again", "embed-products"))
+    assert report["shards_done"] == [1] and report["shards_skipped"] == [0, 2]
+    part = f"{OUT.format(corpus='products')}/{layout.part_name(1)}"
+    assert store.read_bytes(part) != before[part]
+
+
+def test_verifying_the_same_set_again_keeps_the_manifest_byte_for_byte(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release names the manifest by its sha256: a second verify of the same parts
+    (a day later, by another run) keeps it; a set that changed gets a new one."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from embedfresh.jobs import embed_verify
+
+    store = _publish(root)
+    manifest = f"{OUT.format(corpus='products')}/_MANIFEST.json"
+    assert _in_process(root, "corpus=products") == 0
+    first = verify(_cfg(root, corpus="products"))
+    written = store.read_bytes(manifest)
+
+    class _DayLater(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(embed_verify, "dt", SimpleNamespace(datetime=_DayLater, UTC=dt.UTC))
+    again = verify(_cfg(root, corpus="products", run_id="again"))
+    assert store.read_bytes(manifest) == written
+    assert again["rows"] == first["rows"] == 600
+
+    # Negative control: other parts (embedded at another length) get a new manifest,
+    # written at the (patched) time of this verify.
+    assert _in_process(root, "corpus=products", "max_length=32", "run_id=short") == 0
+    verify(_cfg(root, corpus="products", run_id="short", max_length=32))
+    rewritten = store.read_bytes(manifest)
+    assert rewritten != written
+    assert json.loads(rewritten)["created_at"] == "2030-01-02T03:04:05+00:00"

@@ -154,12 +154,26 @@ def test_plan_round_trip_refuses_other_bytes_and_indices_outside(tmp_path: Path)
 def test_config_takes_the_index_from_batch_and_refuses_mixed_settings(monkeypatch):
     monkeypatch.setenv("AWS_BATCH_JOB_ARRAY_INDEX", "4")
     cfg = EmbedConfig(version="v1", plan="runs/tiny/r/plans/x/a.json")
-    assert cfg.array_index == 4 and cfg.report_kind == "embed-child-4"
+    assert cfg.array_index == 4 and cfg.report_kind == "embed-products-child-4"
     assert cfg.lease_unit("embed") != EmbedConfig(
         version="v1", plan=cfg.plan, array_index=5
     ).lease_unit("embed")
     monkeypatch.delenv("AWS_BATCH_JOB_ARRAY_INDEX")
     assert EmbedConfig(version="v1", plan=cfg.plan).array_index == 0  # a plain job: slice 0
+    # Two corpora embedded in one run (mapped side by side) never share a report or a lease.
+    docs = EmbedConfig(version="v1", corpus="docs", shards=[0, 1])
+    assert (docs.report_kind, docs.lease_unit("embed")) == (
+        "embed-docs-0-1",
+        "embed-docs-shards-0-1",
+    )
+    assert EmbedConfig(version="v1", corpus="docs", mode="plan", plan="p.json").report_kind == (
+        "embed-docs-plan"
+    )
+    whole = EmbedConfig(version="v1", corpus="docs")
+    assert (whole.report_kind, whole.lease_unit("embed_verify")) == (
+        "embed-docs",
+        "embed_verify-docs",
+    )
     for bad, message in (
         ({"plan": cfg.plan, "shards": [1]}, "not both"),
         ({"mode": "plan"}, "mode=plan needs plan"),

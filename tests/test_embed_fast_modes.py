@@ -26,7 +26,7 @@ from embedfresh.ml.model.presets import get_spec
 from tests.test_embed import _publish
 
 OUT = layout.embeddings("tiny", "v1", "products")
-REPORT = "runs/tiny/manual/reports/embed.json"
+REPORT = "runs/tiny/manual/reports/embed-products.json"
 
 
 def _run(root: str, *sets: str, mode: str = "int8") -> int:
@@ -178,7 +178,7 @@ def test_each_verdict_is_obeyed(
     monkeypatch.setattr(precision, "gate", forced)
     store = _publish(root)
     rc = _run(root, "shards=[0,1,2]", mode=mode)
-    report_path = REPORT.replace("embed.json", "embed-0-2.json")
+    report_path = REPORT.replace("embed-products.json", "embed-products-0-2.json")
     err = capsys.readouterr().err
     report = store.read_json(report_path)
     assert report[f"{mode}_gate"]["verdict"] == verdict
@@ -386,7 +386,7 @@ def test_int8_parts_come_from_one_calibration_whatever_the_task_or_rerun(root: s
         assert ArtifactStore(root).read_bytes(part) == other.read_bytes(part), s
     # The re-run over the whole corpus embeds shard 0 and reuses 1 and 2.
     assert _run(root, "corpus=scripts", "run_id=rerun") == 0
-    report = ArtifactStore(root).read_json("runs/tiny/rerun/reports/embed.json")
+    report = ArtifactStore(root).read_json("runs/tiny/rerun/reports/embed-scripts.json")
     assert report["shards_done"] == [0] and report["shards_skipped"] == [1, 2], report
     part = f"{out}/{layout.part_name(0)}"
     assert ArtifactStore(root).read_bytes(part) == other.read_bytes(part)

@@ -110,6 +110,6 @@ def test_job_vectors_equal_sentence_transformers_on_a_multilingual_corpus(root: 
     full = [len(ids_) for ids_ in st.tokenizer(texts, truncation=False)["input_ids"]]
     over = sum(n > MAX_LENGTH for n in full)
     assert over == 3
-    report = store.read_json("runs/minilm/manual/reports/embed.json")
+    report = store.read_json("runs/minilm/manual/reports/embed-world.json")
     assert report["truncated"] == over and report["rows"] == len(texts)
     assert report["max_length"] == MAX_LENGTH

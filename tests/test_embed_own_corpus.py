@@ -127,7 +127,7 @@ def test_defaults_give_sentence_transformers_vectors_and_reuse_only_what_is_curr
     over = int((tokens > 256).sum())
     assert f"{over} of {len(texts)} texts were truncated at 256 tokens" in done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["truncated"] == over
-    report = store.read_json("runs/minilm/manual/reports/embed.json")
+    report = store.read_json("runs/minilm/manual/reports/embed-world.json")
     assert report["max_length"] == report["model_max_seq_length"] == 256
     assert report["truncated"] == over
     per_shard = [int((tokens[a:b] > 256).sum()) for a, b in zip(cut, cut[1:], strict=False)]
@@ -170,7 +170,7 @@ def test_defaults_give_sentence_transformers_vectors_and_reuse_only_what_is_curr
     assert redo.returncode == 0, redo.stderr
     summary = json.loads(redo.stdout.strip().splitlines()[-1])
     assert summary["shards_done"] == [1] and summary["shards_skipped"] == [0, 2]
-    report = store.read_json("runs/minilm/manual/reports/embed.json")
+    report = store.read_json("runs/minilm/manual/reports/embed-world.json")
     assert report["shards_recomputed"] == [{"shard": 1, "reason": "the corpus shard changed"}]
     after = _part_bytes(store, "minilm", "v1", "world", 3)
     assert after[0] == before[0] and after[2] == before[2] and after[1] != before[1]
@@ -183,7 +183,7 @@ def test_defaults_give_sentence_transformers_vectors_and_reuse_only_what_is_curr
     assert short.returncode == 0, short.stderr
     summary = json.loads(short.stdout.strip().splitlines()[-1])
     assert summary["shards_done"] == [0, 1, 2] and summary["shards_recomputed"] == [0, 1, 2]
-    report = store.read_json("runs/minilm/manual/reports/embed.json")
+    report = store.read_json("runs/minilm/manual/reports/embed-world.json")
     assert {r["reason"] for r in report["shards_recomputed"]} == {"max_length 256 -> 64"}
     texts[12 + 3] = changed[3]
     cos64 = _cosines(_matrix(_vectors(store, "minilm", "v1", "world", 3)), st.encode(texts))

@@ -23,23 +23,39 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.sdk import DAG, AssetAlias
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from embedfresh.core.config import parse_override
+from embedfresh.core.config import (
+    GarbageCollectConfig,
+    IndexLoadConfig,
+    ReleaseConfig,
+    RollbackConfig,
+    SearchCheckConfig,
+    parse_override,
+)
+from embedfresh.core.results import ResultTicket
+from embedfresh.core.settings import INDEX_DSN_ENV
 from embedfresh.operators import (
+    EMBEDDING_PUBLICATIONS_ALIAS,
+    MODEL_PROMOTIONS_ALIAS,
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
     EmbedfreshJobOperator,
     EvaluationOperator,
+    GarbageCollectOperator,
     IncrementalTrainingOperator,
+    IndexLoadOperator,
     JobSpec,
     LocalRunner,
-    PromoteModelOperator,
     QualityGateOperator,
+    ReleaseOperator,
+    RollbackOperator,
+    SearchCheckOperator,
+    embeddings_asset,
     model_asset,
 )
 from embedfresh.operators.deadline import DEADLINE_ENV, deadline_interval, record_deadline_breach
-from embedfresh.operators.promote import MODEL_PROMOTIONS_ALIAS
 from tests.conftest import ROOT
 
 PY = "/usr/bin/python3"
@@ -138,12 +154,126 @@ def test_defaults_are_templates_and_dict_fields_render_as_json():
         EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="aws_batch")
 
 
-def test_promote_outlets_are_the_model_asset_or_the_alias_when_templated():
-    plain = PromoteModelOperator(task_id="p", artifact_root="file:///r", model="minilm")
-    assert plain.outlets == [model_asset("minilm")]
+# --- the release side: index load, search check, release, rollback, garbage collection
+
+
+def config_of(spec: JobSpec, config: type) -> Any:
+    """What the job makes of ``spec``: its ``--set`` arguments parsed as the job parses
+    them, into the job's own config (which refuses unknown or invalid settings)."""
+    sets = spec.job_args()
+    assert spec.result is None and sets[0::2] == ["--set"] * len(spec.settings)
+    return config(**dict(parse_override(item) for item in sets[1::2]))
+
+
+def test_release_side_operators_build_settings_their_jobs_accept():
+    common = dict(artifact_root="file:///r", run_id="r1", model="minilm")
+    release = ReleaseOperator(task_id="release", **common, corpora='["products", "docs"]')
+    cfg = config_of(release.build_job_spec(), ReleaseConfig)
+    assert (cfg.corpora, cfg.action, cfg.target_version) == (["products", "docs"], "promote", "r1")
+    assert cfg.reason is None and "who" not in release.build_job_spec().settings
+    anyway = ReleaseOperator(
+        task_id="anyway", **common, corpora=("products",), version="v3",
+        action="promote_anyway", reason="search fixed by hand", who="alice",
+    )  # fmt: skip
+    cfg = config_of(anyway.build_job_spec(), ReleaseConfig)
+    assert (cfg.corpora, cfg.version, cfg.action, cfg.reason, cfg.who) == (
+        ["products"], "v3", "promote_anyway", "search fixed by hand", "alice",
+    )  # fmt: skip
+    rollback = RollbackOperator(
+        task_id="rollback", **common, release="rel-7", reason="recall dropped", who="bob"
+    )
+    cfg = config_of(rollback.build_job_spec(), RollbackConfig)
+    assert (cfg.to_release, cfg.reason, cfg.who) == ("rel-7", "recall dropped", "bob")
+
+    load = IndexLoadOperator(task_id="load", **common, corpus="docs")
+    cfg = config_of(load.build_job_spec(), IndexLoadConfig)
+    assert (cfg.corpus, cfg.version, cfg.target_version) == ("docs", None, "r1")
+    check = SearchCheckOperator(
+        task_id="check", **common, corpus="docs", version="v3", regression="report"
+    )
+    cfg = config_of(check.build_job_spec(), SearchCheckConfig)
+    assert (cfg.corpus, cfg.target_version, cfg.regression) == ("docs", "v3", "report")
+    gc = GarbageCollectOperator(task_id="gc", **common, grace_hours=6, dry_run=True)
+    cfg = config_of(gc.build_job_spec(), GarbageCollectConfig)
+    assert (cfg.grace_hours, cfg.dry_run) == (6.0, True)
+
+
+def test_release_side_templates_render_from_the_runs_params_and_user():
+    with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
+        release = ReleaseOperator(
+            task_id="release", artifact_root="{{ params.root }}", model="{{ params.model }}",
+            corpora="{{ params.corpora | tojson }}", action="{{ params.action }}",
+            reason="{{ params.reason }}",
+        )  # fmt: skip
+        rollback = RollbackOperator(
+            task_id="rollback", artifact_root="{{ params.root }}", model="{{ params.model }}",
+            release="{{ params.release }}", reason="{{ params.reason }}",
+        )  # fmt: skip
+        check = SearchCheckOperator(
+            task_id="check", artifact_root="{{ params.root }}", corpus="{{ params.corpus }}",
+            regression="{{ params.regression }}",
+        )  # fmt: skip
+    params = {
+        "root": "file:///r", "model": "minilm", "corpora": ["products", "docs"],
+        "action": "promote_anyway", "reason": "recall fixed by hand", "release": "rel-7",
+        "corpus": "docs", "regression": "report",
+    }  # fmt: skip
+    context = {
+        "params": params,
+        "run_id": "manual__1",
+        "dag_run": SimpleNamespace(triggering_user_name="alice"),
+    }
+    for op in (release, rollback, check):
+        op.render_template_fields(context, dag.get_template_env())
+    cfg = config_of(release.build_job_spec(), ReleaseConfig)
+    assert (cfg.artifact_root, cfg.model, cfg.run_id) == ("file:///r", "minilm", "manual__1")
+    assert (cfg.corpora, cfg.action, cfg.reason, cfg.who) == (
+        ["products", "docs"], "promote_anyway", "recall fixed by hand", "alice",
+    )  # fmt: skip
+    cfg = config_of(rollback.build_job_spec(), RollbackConfig)
+    assert (cfg.to_release, cfg.reason, cfg.who) == ("rel-7", "recall fixed by hand", "alice")
+    cfg = config_of(check.build_job_spec(), SearchCheckConfig)
+    assert (cfg.corpus, cfg.regression, cfg.target_version) == ("docs", "report", "manual__1")
+
+    # A scheduled run has no triggering user: a person's move is refused by the job.
+    unattended = RollbackOperator(task_id="r2", artifact_root="file:///r", release="x", reason="y")
+    context["dag_run"] = SimpleNamespace(triggering_user_name=None)
+    unattended.render_template_fields(context, dag.get_template_env())
+    assert unattended.who == ""
+    with pytest.raises(ValueError, match="who"):
+        config_of(unattended.build_job_spec(), RollbackConfig)
+
+
+def test_a_release_and_a_rollback_announce_the_model_asset_or_the_alias_when_templated():
     assert model_asset("minilm").uri == "embedfresh://models/minilm"
-    templated = PromoteModelOperator(task_id="q", artifact_root="r", model="{{ params.model }}")
-    assert [o.name for o in templated.outlets] == [MODEL_PROMOTIONS_ALIAS]
+    assert embeddings_asset("minilm", "docs").uri == "embedfresh://embeddings/minilm/docs"
+    for cls, args in ((ReleaseOperator, {}), (RollbackOperator, {"release": "r", "reason": "y"})):
+        plain = cls(task_id="p", artifact_root="file:///r", model="minilm", **args)
+        assert plain.outlets == [model_asset("minilm"), AssetAlias(EMBEDDING_PUBLICATIONS_ALIAS)]
+        templated = cls(task_id="q", artifact_root="r", model="{{ params.model }}", **args)
+        assert [type(o) for o in templated.outlets] == [AssetAlias, AssetAlias]
+        assert [o.name for o in templated.outlets] == [
+            MODEL_PROMOTIONS_ALIAS,
+            EMBEDDING_PUBLICATIONS_ALIAS,
+        ]
+    for cls in (IndexLoadOperator, SearchCheckOperator):  # nothing is live before the release
+        assert cls(task_id="x", artifact_root="r", corpus="docs").outlets == []
+    assert GarbageCollectOperator(task_id="gc", artifact_root="r").outlets == []
+
+
+def test_an_index_connection_is_refused_on_aws_batch():
+    """On AWS Batch the job definition gives the DSN from its secrets: a connection here
+    would put the password in the job's overrides, so the task fails for good, before the
+    connection is even read (there is none named ``vectors`` here)."""
+    ticket = ResultTicket(name="load", attempt_id="a1")
+    common = dict(
+        artifact_root="s3://bucket/p", run_id="r1", corpus="docs", execution_mode="aws_batch",
+        batch={"job_queue": "q", "job_definition": "d"},
+    )  # fmt: skip
+    with pytest.raises(AirflowFailException, match=f"give the job definition {INDEX_DSN_ENV}"):
+        IndexLoadOperator(task_id="load", index_conn_id="vectors", **common).build_job_spec(ticket)
+    spec = IndexLoadOperator(task_id="load", **common).build_job_spec(ticket)
+    assert INDEX_DSN_ENV not in spec.env
 
 
 # --- the local runner and the exit-code mapping -------------------------------------
@@ -179,10 +309,12 @@ SCRIPT_JOB = textwrap.dedent(
 
 
 class ScriptJobRunner(LocalRunner):
-    """Runs :data:`SCRIPT_JOB` with the spec's job arguments (settings, result ticket)."""
+    """Runs :data:`SCRIPT_JOB` as the spec's job (its result record names that job) with
+    the spec's job arguments (settings, result ticket)."""
 
     def command(self, spec: JobSpec) -> list[str]:
-        return [self.python, "-c", SCRIPT_JOB, *spec.job_args()]
+        code = SCRIPT_JOB.replace('run_job("script"', f"run_job({spec.job!r}")
+        return [self.python, "-c", code, *spec.job_args()]
 
 
 class ScriptOperator(EmbedfreshJobOperator):
@@ -298,12 +430,100 @@ def test_transient_and_unknown_exits_are_retryable(code: int, words: str, root: 
 
 
 def test_a_real_job_failing_on_bad_input_fails_the_task_with_its_message(tmp_path: Path):
-    op = PromoteModelOperator(
-        task_id="promote", artifact_root=f"file://{tmp_path}", run_id="r1", model="tiny"
+    root = f"file://{tmp_path}"
+    release = ReleaseOperator(task_id="release", artifact_root=root, run_id="r1", model="tiny")
+    release.runner.cwd = str(ROOT)
+    with pytest.raises(AirflowFailException, match="release: error: no gate report") as info:
+        release.execute({})
+    assert "exit code 2" in str(info.value)
+    rollback = RollbackOperator(
+        task_id="rollback", artifact_root=root, run_id="r2", release="r0", reason="x", who="al"
     )
-    op.runner.cwd = str(ROOT)
-    with pytest.raises(AirflowFailException, match="promote: error: no gate report"):
-        op.execute({})
+    rollback.runner.cwd = str(ROOT)
+    with pytest.raises(AirflowFailException, match="rollback: error: cannot roll tiny back to r0"):
+        rollback.execute({})
+    assert not (tmp_path / "models").exists()  # no release, no registry
+
+
+class ScriptRelease(ReleaseOperator):
+    """The release operator (its outlets, announcing and index connection) running the
+    script job :data:`SCRIPT_JOB` under the name ``release``."""
+
+    def __init__(self, *, code: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.code = textwrap.dedent(code)
+
+    def job_specific_settings(self) -> dict[str, Any]:
+        return {"code": self.code}
+
+    @cached_property
+    def runner(self) -> LocalRunner:
+        return ScriptJobRunner()
+
+
+#: What the release job returns (embedfresh/jobs/release.py), and the index DSN it was given.
+RELEASED = """
+    import os
+    SUMMARY = {
+        "production": "r9", "release": "r9", "registry": "file:///r/models/minilm/registry.json",
+        "corpora": {
+            "docs": {"table": "emb_docs", "rows": 2, "manifest": "file:///m/docs"},
+            "products": {"table": "emb_products", "rows": 3, "manifest": "file:///m/products"},
+        },
+        "dsn": os.environ.get("EMBEDFRESH_INDEX_DSN"),
+    }
+"""
+
+
+@pytest.mark.parametrize("model", ["minilm", "{{ params.model }}"])
+def test_a_release_announces_its_model_and_every_corpus_it_made_live(
+    model: str, root: str, monkeypatch: pytest.MonkeyPatch
+):
+    """The model's Asset (a static outlet, or through the alias when templated) and one
+    embeddings Asset per corpus of the job's summary, through the alias; the index
+    connection's URI reaches the job in its environment, never in its settings."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    monkeypatch.setenv("AIRFLOW_CONN_VECTORS", "postgresql://embed:s3cret-pw@db.example:5432/vec")
+    monkeypatch.delenv(INDEX_DSN_ENV, raising=False)
+    with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
+        op = ScriptRelease(
+            task_id="release", artifact_root=root, run_id="r1", model=model,
+            index_conn_id="vectors", code=RELEASED,
+        )  # fmt: skip
+    context = {"params": {"model": "minilm"}, "dag_run": SimpleNamespace(triggering_user_name="al")}
+    op.render_template_fields(context, dag.get_template_env())
+    events = OutletEventAccessors()
+    summary = op.execute({"outlet_events": events})
+
+    assert summary["dsn"].endswith("://embed:s3cret-pw@db.example:5432/vec"), summary["dsn"]
+    # ... in its environment only: not in its settings (the record keeps them), nor its argv.
+    records = Path(root.removeprefix("file://")) / "runs/minilm/r1/results"
+    record = json.loads((records / "release.json").read_text())
+    assert record["config"]["code"] and "s3cret-pw" not in json.dumps(record["config"])
+    spec = op.build_job_spec(ResultTicket(name="release", attempt_id="a2"))
+    assert spec.env[INDEX_DSN_ENV] == summary["dsn"] and "s3cret-pw" not in " ".join(spec.argv(PY))
+    released = {
+        "release": "r9",
+        "version": "r9",
+        "registry": "file:///r/models/minilm/registry.json",
+    }
+    if model == "minilm":
+        assert events[model_asset("minilm")].extra == released
+    else:
+        [event] = events[AssetAlias(MODEL_PROMOTIONS_ALIAS)].asset_alias_events
+        assert (event.dest_asset_key.uri, event.extra) == ("embedfresh://models/minilm", released)
+    corpora = events[AssetAlias(EMBEDDING_PUBLICATIONS_ALIAS)].asset_alias_events
+    assert {e.dest_asset_key.uri: e.extra for e in corpora} == {
+        "embedfresh://embeddings/minilm/docs": {
+            "release": "r9", "version": "r9", "table": "emb_docs", "rows": 2,
+            "manifest": "file:///m/docs",
+        },
+        "embedfresh://embeddings/minilm/products": {
+            "release": "r9", "version": "r9", "table": "emb_products", "rows": 3,
+            "manifest": "file:///m/products",
+        },
+    }  # fmt: skip
 
 
 class Recorder(logging.Handler):
@@ -509,22 +729,22 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
     assert settings["eval_every"] == 5 and settings["data_interval_start"] == "2026-01-01"
 
 
-def test_verify_outlets_are_the_embeddings_asset_or_the_alias_when_templated():
-    from embedfresh.operators import (
-        EMBEDDING_PUBLICATIONS_ALIAS,
-        EmbeddingVerifyOperator,
-        embeddings_asset,
-    )
+def test_verify_announces_nothing_the_release_does():
+    """An embedding set's Asset is updated only with the release that carries it."""
+    from embedfresh.operators import EmbeddingVerifyOperator
 
-    plain = EmbeddingVerifyOperator(
-        task_id="v", artifact_root="r", model="minilm", corpus="docs", version="v1"
-    )
-    assert plain.outlets == [embeddings_asset("minilm", "docs")]
-    assert embeddings_asset("minilm", "docs").uri == "embedfresh://embeddings/minilm/docs"
-    templated = EmbeddingVerifyOperator(
-        task_id="w", artifact_root="r", corpus="{{ params.corpus }}", version="v1"
-    )
-    assert [o.name for o in templated.outlets] == [EMBEDDING_PUBLICATIONS_ALIAS]
+    for corpus in ("docs", "{{ params.corpus }}"):
+        verify = EmbeddingVerifyOperator(
+            task_id="v", artifact_root="r", model="minilm", corpus=corpus, version="v1"
+        )
+        assert verify.outlets == []
+
+
+def _corpus_dir(root: Path, name: str, shards: int) -> None:
+    corpus = root / "corpora" / name
+    corpus.mkdir(parents=True)
+    for i in range(shards):
+        (corpus / f"part-{i:05d}.parquet").write_bytes(b"")
 
 
 def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path: Path):
@@ -536,18 +756,21 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
         production_version,
     )
 
-    corpus = tmp_path / "corpora" / "products"
-    corpus.mkdir(parents=True)
-    for i in range(5):
-        (corpus / f"part-{i:05d}.parquet").write_bytes(b"")
-    (corpus / "notes.txt").write_text("ignored")
+    _corpus_dir(tmp_path, "products", 5)
+    (tmp_path / "corpora" / "products" / "notes.txt").write_text("ignored")
     root = f"file://{tmp_path}"
     one = CorpusShardsOperator(task_id="l", artifact_root=root)
-    assert one.execute({}) == [[0], [1], [2], [3], [4]]
+    assert one.execute({}) == [{"corpus": "products", "shards": [i]} for i in range(5)]
     two = CorpusShardsOperator(task_id="m", artifact_root=root, shards_per_task="2")
-    assert two.execute({}) == [[0, 1], [2, 3], [4]]
+    assert two.execute({}) == [
+        {"corpus": "products", "shards": [0, 1]},
+        {"corpus": "products", "shards": [2, 3]},
+        {"corpus": "products", "shards": [4]},
+    ]
     with pytest.raises(Fail, match="no part"):
         CorpusShardsOperator(task_id="n", artifact_root=root, corpus="none").execute({})
+    with pytest.raises(Fail, match="shards_per_task must be >= 1"):
+        CorpusShardsOperator(task_id="o", artifact_root=root, shards_per_task=0).execute({})
 
     with pytest.raises(Fail, match="nothing was promoted yet"):
         production_version(root, "tiny")
@@ -570,6 +793,66 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
     assert resolve.execute({}) == "v7"
     pinned = ResolveModelVersionOperator(task_id="s", artifact_root=root, version="v2")
     assert pinned.execute({}) == "v2"
+
+
+def test_corpora_are_checked_and_their_shards_listed_as_each_embed_tasks_kwargs(tmp_path: Path):
+    """Several corpora: each checked (one without shards fails the task, naming the
+    corpora there are), then every corpus's shards in chunks; each chunk is the keyword
+    arguments of one mapped embed task (``expand_kwargs``), and no two of them share a
+    lease or a report."""
+    from airflow.sdk.exceptions import AirflowFailException as Fail
+
+    from embedfresh.core.config import EmbedConfig
+    from embedfresh.operators import BatchEmbeddingOperator, CorporaOperator, CorpusShardsOperator
+
+    _corpus_dir(tmp_path, "products", 3)
+    _corpus_dir(tmp_path, "docs", 2)
+    (tmp_path / "corpora" / "empty").mkdir()
+    root = f"file://{tmp_path}"
+    listed = CorporaOperator(task_id="c", artifact_root=root, corpora='["docs", "products"]')
+    assert listed.execute({}) == ["docs", "products"]  # a rendered Param: its JSON
+    assert CorporaOperator(task_id="d", artifact_root=root, corpora=["docs"]).execute({}) == [
+        "docs"
+    ]
+    with pytest.raises(Fail) as info:
+        CorporaOperator(task_id="e", artifact_root=root, corpora=["products", "reviews"]).execute(
+            {}
+        )
+    message = str(info.value)
+    assert "corpus 'reviews' has no part-NNNNN.parquet" in message, message
+    there = message.split("(corpora there: ", 1)[1].rstrip(")").split(", ")
+    assert sorted(there) == ["docs", "products"], message  # not "empty": it has no shard
+    with pytest.raises(Fail, match="corpora is empty"):
+        CorporaOperator(task_id="f", artifact_root=root, corpora="[]").execute({})
+
+    shards = CorpusShardsOperator(
+        task_id="s", artifact_root=root, corpora=["products", "docs"], shards_per_task=2
+    )
+    chunks = shards.execute({})
+    assert chunks == [
+        {"corpus": "products", "shards": [0, 1]},
+        {"corpus": "products", "shards": [2]},
+        {"corpus": "docs", "shards": [0, 1]},
+    ]
+    configs = [
+        config_of(
+            BatchEmbeddingOperator(
+                task_id="embed", artifact_root=root, run_id="r1", version="v1", **chunk
+            ).build_job_spec(),
+            EmbedConfig,
+        )
+        for chunk in chunks
+    ]
+    assert [(c.corpus, c.shards) for c in configs] == [(k["corpus"], k["shards"]) for k in chunks]
+    assert (
+        len({c.lease_unit("embed") for c in configs}) == len({c.report_kind for c in configs}) == 3
+    )
+    as_json = CorpusShardsOperator(task_id="t", artifact_root=root, corpora='["docs"]')
+    assert as_json.execute({}) == [{"corpus": "docs", "shards": [i]} for i in (0, 1)]
+    with pytest.raises(Fail, match="corpus 'empty' has no part"):
+        CorpusShardsOperator(task_id="u", artifact_root=root, corpora=["docs", "empty"]).execute({})
+    with pytest.raises(Fail, match="no corpus to embed"):
+        CorpusShardsOperator(task_id="v", artifact_root=root, corpora=[]).execute({})
 
 
 # --- health, compile, deadline --------------------------------------------------------

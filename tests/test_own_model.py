@@ -125,7 +125,7 @@ def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     # Embed with the base version: sentence-transformers' vectors at its own 384 tokens.
     out_ids, ours = _embed_and_read(root, "acme", "base", "catalogue")
     assert out_ids == ids
-    report = store.read_json("runs/acme/manual/reports/embed.json")
+    report = store.read_json("runs/acme/manual/reports/embed-catalogue.json")
     assert report["max_length"] == MAX_SEQ_LENGTH and report["forward"] == "padded"
     assert report["truncated"] == int((tokens > MAX_SEQ_LENGTH).sum())
     cos = _cosines(ours, st.encode(texts, batch_size=8))
@@ -145,10 +145,12 @@ def test_own_model_through_the_refresh_dag(
     own_model: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Published, then the refresh DAG under dag.test() with ``model=acme``: trained from
-    it with its own tokenizer, evaluated, gated against it, promoted, the corpus embedded
-    and verified; the promoted version's export gives the DAG's vectors."""
+    it with its own tokenizer, evaluated, gated against it, the corpus embedded, verified,
+    loaded into the index and search-checked, and all released together; the released
+    version's export gives the DAG's vectors."""
     from sentence_transformers import SentenceTransformer
 
+    from embedfresh.core.releases import live_release
     from embedfresh.jobs.export_st import local_copy
     from tests.test_dags import SOURCES, run_dag
 
@@ -164,7 +166,9 @@ def test_own_model_through_the_refresh_dag(
     run = run_dag(source, tmp_path, request, conf=conf)
     facts, run_id = run.facts, run.facts["run_id"]
     assert all(state == "success" for _, _, state in facts["tasks"]), run.output
-    assert {t for t, _, _ in facts["tasks"]} >= {"train", "gate", "promote", "embed", "verify"}
+    assert {t for t, _, _ in facts["tasks"]} >= {
+        "train", "gate", "embed", "verify", "load_index", "search_check", "release",
+    }  # fmt: skip
     assert facts["xcom"]["train"]["init"]["version"] == "base"
     gate = store.read_json(layout.report("acme", run_id, "gate"))
     assert gate["verdict"] == "PASS" and gate["reference"]["version"] == "base"
@@ -176,7 +180,11 @@ def test_own_model_through_the_refresh_dag(
     )
 
     out = layout.embeddings("acme", run_id, "products")
-    assert store.exists(f"{out}/_MANIFEST.json")
+    # The live release is the run's: its version with exactly these embeddings.
+    release = live_release(store, "acme")
+    assert release is not None and (release.release, release.version) == (run_id, run_id)
+    manifest = store.read_bytes(f"{out}/_MANIFEST.json")
+    assert release.corpus("products").manifest_sha256 == hashlib.sha256(manifest).hexdigest()
     parts = sorted(n for n in store.listdir(out) if n.endswith(".parquet"))
     table = pa.concat_tables(read_parquet(store, f"{out}/{n}") for n in parts)
     ours = table.column("embedding").combine_chunks().flatten().to_numpy()
@@ -192,7 +200,7 @@ def test_own_model_through_the_refresh_dag(
         .to_pylist()
     )
     _last_json(run_job("export_st", *common, f"version={run_id}"))
-    copy = local_copy(store, "acme", run_id, tmp_path / "promoted-st")
+    copy = local_copy(store, "acme", run_id, tmp_path / "released-st")
     theirs = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=32)
     assert _cosines(ours, theirs).min() >= MIN_COSINE
 
@@ -228,7 +236,7 @@ def test_own_bert_model_with_its_own_tokenizer_and_pooling(
     _last_json(run_job("publish_model", *common, f"source=file://{own_bert}", "version=v0"))
     out_ids, ours = _embed_and_read(root, "acme-bert", "v0", "catalogue")
     assert out_ids == ids
-    report = store.read_json("runs/acme-bert/manual/reports/embed.json")
+    report = store.read_json("runs/acme-bert/manual/reports/embed-catalogue.json")
     assert report["forward"] == forward and report["max_length"] == MAX_SEQ_LENGTH
     assert _cosines(ours, st.encode(texts, batch_size=8)).min() >= MIN_COSINE
     _last_json(run_job("export_st", *common, "version=v0"))
@@ -261,7 +269,7 @@ def test_dense_module_and_prompts_as_sentence_transformers_has_them(tmp_path: Pa
     texts = texts.column("text").to_pylist()
     _, ours = _embed_and_read(root, "acme-dense", "base", "products")
     assert ours.shape == (len(texts), 32)
-    report = store.read_json("runs/acme-dense/manual/reports/embed.json")
+    report = store.read_json("runs/acme-dense/manual/reports/embed-products.json")
     assert report["forward"] == "padded"
     assert _cosines(ours, st.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
     # The prompt matters: without it the vectors differ (a negative control).

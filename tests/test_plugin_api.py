@@ -283,7 +283,9 @@ def test_the_live_release_panel_shows_each_corpus_with_its_search_check(client: 
     assert "queries 48 (3 left out)" in figures
     assert "ANN recall 99.17% (at least 95.00%)" in figures
     assert f"recall@10 {check['recall_at_10']}" in figures
-    assert "not compared: first release of this corpus (no live release)" in figures
+    assert (
+        'not compared: <span class="text">first release of this corpus (no live release)'
+    ) in figures
     assert "latency p50 1.91 ms, p99 4.38 ms" in figures
     assert check["report"] in figures
     # The JSON says the same: the release document's corpora, whole.
@@ -342,9 +344,9 @@ def test_release_history_marks_what_retention_keeps(auth, store: Path, monkeypat
     )
     assert f"../dags/embedfresh_promote_anyway/runs/{quote(anyway, safe='')}" in rows[1]
     assert f"../dags/embedding_model_refresh/runs/{quote(later, safe='')}" in rows[2]
-    assert (
-        "admin: recall fixed by hand" in rows[1] and "admin: the override was a mistake" in rows[0]
-    )
+    who = '<span class="id">admin</span>: <span class="text">'
+    assert f"{who}recall fixed by hand</span>" in rows[1]
+    assert f"{who}the override was a mistake</span>" in rows[0]
     # The rollback's Params: the newest release kept before the live one.
     conf = re.search(r'id="override-conf-rollback">(.*?)</code>', html).group(1)
     assert json.loads(conf.replace("&quot;", '"')) == {
@@ -378,6 +380,38 @@ def test_the_panel_shows_what_the_search_check_compared_with(client: TestClient,
     top = re.search(r'<section id="banner".*?</section>', html).group(0)
     assert "recall@10 0.3875 over 48 queries, ANN recall 98.75%; release demo-2026-01-01 " \
         "had recall@10 0.3542" in top  # fmt: skip
+
+
+def test_a_check_that_could_not_judge_recall_says_so(client: TestClient, store: Path):
+    """No eval query had all its relevant products in the corpus: the check measured the
+    index's faithfulness on every query and recall@10 on none (NOT_MEASURED, recall null):
+    the page says "not measured", never 0 or a number."""
+    import dataclasses
+
+    later = "manual__2026-01-02T00:00:00+00:00"
+    base = corpus_release(later, "demo-2026-01-02")
+    unjudged = {
+        **base.search_check,
+        "recall_at_10": None,
+        "queries": 96,
+        "queries_judged": 0,
+        "queries_left_out": 96,
+        "regression": {"verdict": "NOT_MEASURED", "reason": "no query ...", "mode": None},
+    }
+    make_release(
+        store, later, "demo-2026-01-02", [dataclasses.replace(base, search_check=unjudged)]
+    )
+    record_move(store, later, "demo-2026-01-02", ["products"], verdict="PASS")
+    report = store / f"runs/tiny/{later}/reports/search-products.json"
+    report.write_text(json.dumps({"corpus": "products", "verdict": "PASS", **unjudged}))
+    html = client.get("/?model=tiny").text
+    row = re.search(r'<tr id="release-corpus-products">(.*?)</tr>', html).group(1)
+    assert "queries 96, recall judged on 0 (96 left out)" in row
+    assert "recall@10 not measured" in row
+    top = re.search(r'<section id="banner".*?</section>', html).group(0)
+    assert "search check PASS (recall@10 not measured, ANN recall 98.75%)" in top
+    checks = _table(html, "search-checks")
+    assert "not measured" in checks and "recall judged on 0" in checks
 
 
 def test_search_checks_of_the_newest_runs_say_why_no_release(client: TestClient, store: Path):

@@ -4,10 +4,10 @@ A page that read one ``gate.json`` (and one health and compile report) per run t
 with 100 runs on S3; a year of daily runs would not load. The index holds, per run, the
 rows the page shows: the gate's decision row (verdict, metrics with their intervals,
 reference, times), the health and compile summaries, and the run's moves of the
-production pointer (promotions, rollbacks) from the registry's history.
+live release (releases, promote-anyway overrides, rollbacks) from the registry's history.
 
 It is **derived data**, never a source of truth: every entry is rebuilt from the run's
-reports and the registry. The gate, health, promote, promote-anyway and rollback jobs
+reports and the registry. The gate, health, release and rollback jobs
 update it after their own writes (:func:`record`), by compare-and-swap on its version
 tag, so concurrent runs each add their entry. Each update also repairs what it finds
 missing or lagging: runs with no entry (a job killed between its report and the index,
@@ -222,7 +222,10 @@ def _awaiting(entry: Any) -> bool:
 
 def _promotions(history: list[Any]) -> dict[str, list[dict[str, Any]]]:
     """The registry's moves by the run that made them, oldest first."""
-    keys = ("action", "version", "previous", "promoted_at", "verdict", "who", "why")
+    keys = (
+        "action", "version", "release", "previous", "previous_release", "promoted_at",
+        "verdict", "who", "why",
+    )  # fmt: skip
     out: dict[str, list[dict[str, Any]]] = {}
     for h in history:
         if isinstance(h, dict) and isinstance(h.get("run_id"), str):

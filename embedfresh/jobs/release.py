@@ -88,7 +88,13 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
     registry = Registry(store, cfg.model)
     details: dict[str, Any] = {"run_id": cfg.run_id}
     if gate is not None:
-        details.update(verdict=gate["verdict"], gate_report=gate["report"], d=gate["d"])
+        details.update(
+            verdict=gate["verdict"],
+            mode=gate["mode"],
+            reference=gate["reference"],
+            gate_report=gate["report"],
+            d=gate["d"],
+        )
     if cfg.action != PROMOTE:
         details.update(who=cfg.who, why=cfg.reason)
     move = registry.release(

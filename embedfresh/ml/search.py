@@ -25,14 +25,32 @@ from embedfresh.ml.data.reader import read_eval
 
 @dataclass(frozen=True)
 class EvalQueries:
-    """Queries of the eval split with at least one relevant product."""
+    """The eval split's queries: every one searches (the index's faithfulness), those
+    whose relevant products are all in the corpus also judge recall."""
 
     query_ids: np.ndarray
     texts: list[str]
     relevant: list[np.ndarray]
-    """Per query, its relevant products' ids (as the corpus types them)."""
-    left_out: int = 0
-    """Queries left out because a relevant product of theirs is not in the corpus."""
+    """Per query, its relevant products' ids (as the corpus types them); may be empty."""
+    judged: np.ndarray
+    """Per query: it has relevant products and all of them are in the corpus."""
+
+    def subset(self, mask: np.ndarray) -> EvalQueries:
+        """The queries where ``mask`` is true."""
+        keep = np.flatnonzero(mask)
+        return EvalQueries(
+            query_ids=self.query_ids[keep],
+            texts=[self.texts[i] for i in keep],
+            relevant=[self.relevant[i] for i in keep],
+            judged=self.judged[keep],
+        )
+
+    @property
+    def left_out(self) -> int:
+        """Queries with relevant products of which some are not in the corpus."""
+        return int(
+            sum(1 for r, j in zip(self.relevant, self.judged, strict=True) if len(r) and not j)
+        )
 
 
 def eval_queries(
@@ -41,7 +59,8 @@ def eval_queries(
     id_type: str,
     missing: Callable[[np.ndarray], np.ndarray],
 ) -> EvalQueries:
-    """The eval split's queries whose relevant products are all in the corpus.
+    """Every query of the eval split, and which of them recall can be judged on: those
+    whose relevant products are all in the corpus.
 
     :param id_type: the corpus's id type (``int64`` or ``string``); the eval split's
         product ids are compared as that type.
@@ -55,18 +74,18 @@ def eval_queries(
         examples.query_ids, examples.product_ids, examples.labels, examples.queries, strict=True
     ):
         text.setdefault(int(qid), query)
+        relevant.setdefault(int(qid), [])
         if label == 1:
-            relevant.setdefault(int(qid), []).append(int(pid) if id_type == "int64" else str(pid))
-    wanted = (
-        np.unique(np.concatenate([np.asarray(v) for v in relevant.values()])) if relevant else []
-    )
-    absent = set(missing(np.asarray(wanted)).tolist()) if len(wanted) else set()
-    kept = sorted(q for q, ids in relevant.items() if not absent.intersection(ids))
+            relevant[int(qid)].append(int(pid) if id_type == "int64" else str(pid))
+    wanted = [i for ids in relevant.values() for i in ids]
+    absent = set(missing(np.unique(np.asarray(wanted))).tolist()) if wanted else set()
+    order = sorted(text)
+    rel = [np.unique(np.asarray(relevant[q])) for q in order]
     return EvalQueries(
-        query_ids=np.asarray(kept, dtype=np.int64),
-        texts=[text[q] for q in kept],
-        relevant=[np.unique(np.asarray(relevant[q])) for q in kept],
-        left_out=len(relevant) - len(kept),
+        query_ids=np.asarray(order, dtype=np.int64),
+        texts=[text[q] for q in order],
+        relevant=rel,
+        judged=np.asarray([len(r) > 0 and not absent.intersection(r.tolist()) for r in rel]),
     )
 
 

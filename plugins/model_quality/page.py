@@ -31,7 +31,7 @@ h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
 table { border-collapse: collapse; margin: 6px 0; font-size: 13px; max-width: 100%; }
 th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; }
-.id, code { overflow-wrap: anywhere; }
+.id, .text, code { overflow-wrap: anywhere; }
 .na { color: #656d76; font-style: italic; }
 .problem { color: #cf222e; }
 .warning { color: #9a6700; font-weight: bold; }
@@ -66,6 +66,12 @@ def _id(value: Any, tag: str = "span") -> str:
     """An id, a table name or a URL: one long word, which may break anywhere so that a
     column of them never widens the page past the window."""
     return NA if value is None or value == "" else f'<{tag} class="id">{escape(str(value))}</{tag}>'
+
+
+def _text(value: Any) -> str:
+    """Free text from a report or a person (a reason, a why): it may hold a URL, which
+    breaks anywhere rather than widening its column."""
+    return NA if value is None or value == "" else f'<span class="text">{escape(str(value))}</span>'
 
 
 def _ratio(value: Any) -> str:
@@ -151,6 +157,21 @@ def _ann(ann: Any) -> str:
     return "HNSW " + ", ".join(f"{k} {_v(ann.get(k))}" for k in keys if k in ann)
 
 
+def _queries(check: dict[str, Any]) -> str:
+    """How many queries searched, and how many of them recall@10 was judged on (a query
+    whose relevant products are not all in the corpus is left out of recall)."""
+    left_out, judged = check.get("queries_left_out"), check.get("queries_judged")
+    said = _v(check.get("queries"))
+    if judged is not None:
+        return f"{said}, recall judged on {_v(judged)} ({_v(left_out or 0)} left out)"
+    return said + (f" ({_v(left_out)} left out)" if left_out else "")
+
+
+def _recall(check: dict[str, Any]) -> str:
+    recall = check.get("recall_at_10")
+    return "not measured" if recall is None else _v(recall)
+
+
 def _corpus_row(c: dict[str, Any]) -> str:
     """One corpus of the live release: its embedding set, index table and search check."""
     emb, index = c.get("embeddings") or {}, c.get("index") or {}
@@ -176,21 +197,17 @@ def _corpus_row(c: dict[str, Any]) -> str:
             f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
         )
     else:
-        against = f"not compared: {_v(regression.get('reason'))}"
+        against = f"not compared: {_text(regression.get('reason'))}"
     latency = check.get("latency_ms") if isinstance(check.get("latency_ms"), dict) else {}
-    left_out = check.get("queries_left_out")
     figures = (
-        f"queries {_v(check.get('queries'))}"
-        + (f" ({_v(left_out)} left out)" if left_out else "")
-        + f"<br>ANN recall {_ratio(check.get('ann_recall'))} (at least "
-        f"{_ratio(check.get('min_ann_recall'))})<br>recall@10 {_v(check.get('recall_at_10'))}"
-        f"<br>{against}<br>latency p50 {_ms(latency.get('p50'))}, p99 {_ms(latency.get('p99'))}"
+        f"queries {_queries(check)}<br>ANN recall {_ratio(check.get('ann_recall'))} (at least "
+        f"{_ratio(check.get('min_ann_recall'))})<br>recall@10 {_recall(check)}<br>{against}<br>latency p50 {_ms(latency.get('p50'))}, p99 {_ms(latency.get('p99'))}"
         f"<br>report {_id(check.get('report'), 'code')}"
     )
     return (
         f'<tr id="release-corpus-{escape(str(c.get("corpus")))}">'
         f"<td>{_v(c.get('corpus'))}</td><td>{embedding}</td><td>{table_cell}</td>"
-        f"<td>{verdict_html(check.get('verdict'))} {_v(check.get('reason'))}</td>"
+        f"<td>{verdict_html(check.get('verdict'))} {_text(check.get('reason'))}</td>"
         f"<td>{figures}</td></tr>"
     )
 
@@ -311,7 +328,7 @@ def _who_why(entry: dict[str, Any]) -> str:
     """A person's move (promote anyway, roll back) says who and why; a gated one neither."""
     if not entry.get("who") and not entry.get("why"):
         return NA
-    return f"{_v(entry.get('who'))}: {_v(entry.get('why'))}"
+    return f"{_id(entry.get('who'))}: {_text(entry.get('why'))}"
 
 
 def override_conf(
@@ -371,11 +388,11 @@ def _decisions(rows: list[dict[str, Any]]) -> str:
                 dag_run_link(r["run_id"], r.get("dag_id")),
                 verdict_html(r.get("verdict")),
                 _v(r.get("mode")),
-                _v(r.get("candidate")),
-                _v(r.get("reference")),
+                _id(r.get("candidate")),
+                _id(r.get("reference")),
                 _v(r.get("n")),
                 _metrics_cell(r.get("metrics") or []),
-                _v(r.get("reason")),
+                _text(r.get("reason")),
             ]
             for r in rows
         ],
@@ -485,7 +502,7 @@ def _health(data: dict[str, Any]) -> str:
                 _v(r.get("host")),
                 _v(r.get("rank")),
                 _v(r.get("device")),
-                _v(r.get("run_id")),
+                _id(r.get("run_id")),
                 _v(r.get("created_at")),
                 _checks_cell(r.get("checks") or []),
             ]
@@ -605,7 +622,7 @@ def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = Non
         w = r.get("compared_with")
         regression = r.get("regression") or {}
         if not isinstance(w, dict):
-            return f"{verdict_html(regression.get('verdict'))} {_v(regression.get('reason'))}"
+            return f"{verdict_html(regression.get('verdict'))} {_text(regression.get('reason'))}"
         return (
             f"release {_id(w.get('release'))}: recall@10 {_v(w.get('recall_at_10'))}; "
             f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
@@ -633,12 +650,12 @@ def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = Non
                 + (" <strong>(live)</strong>" if r.get("run_id") == live_id else ""),
                 _v(r.get("corpus")),
                 verdict_html(r.get("verdict")),
-                _v(r.get("queries")),
+                _queries(r),
                 f"{_ratio(r.get('ann_recall'))} (at least {_ratio(r.get('min_ann_recall'))})",
-                _v(r.get("recall_at_10")),
+                _recall(r),
                 compared(r),
                 latency(r),
-                _v(r.get("reason")),
+                _text(r.get("reason")),
             ]
             for r in rows
         ],
@@ -662,7 +679,7 @@ def _costs(rows: list[dict[str, Any]]) -> str:
         ],
         [
             [
-                _v(r.get("run_id")),
+                _id(r.get("run_id")),
                 _v(r.get("executions")),
                 _v(r.get("attempts")),
                 _v(r.get("failed_attempts")),

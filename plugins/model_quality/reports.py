@@ -599,6 +599,7 @@ def search_check_row(run_id: str, doc: dict[str, Any]) -> dict[str, Any]:
         "version": doc.get("version"),
         "table": index.get("table"),
         "queries": doc.get("queries"),
+        "queries_judged": doc.get("queries_judged"),
         "queries_left_out": doc.get("queries_left_out"),
         "ann_recall": doc.get("ann_recall"),
         "min_ann_recall": doc.get("min_ann_recall"),

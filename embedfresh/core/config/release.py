@@ -165,6 +165,13 @@ class ReleaseConfig(JobConfig):
             raise ValueError("corpora must not repeat a corpus")
         return v
 
+    @field_validator("reason", "who")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be blank")
+        return None if v is None else v.strip()
+
     @model_validator(mode="after")
     def _override_has_a_reason(self) -> ReleaseConfig:
         if self.action == "promote_anyway" and not (self.reason or "").strip():
