@@ -114,7 +114,7 @@ def task_of(report: str) -> str:
     """The task that writes a report: ``embed-00000-00001`` -> ``embed``, ``eval`` ->
     ``evaluate``."""
     kind = report.split("-", 1)[0]
-    return {"eval": "evaluate"}.get(kind, kind)
+    return {"eval": "evaluate", "index": "load_index", "search": "search_check"}.get(kind, kind)
 
 
 #: The job module each task's subprocess imports first (list_shards runs in the worker).
@@ -124,9 +124,11 @@ TASK_MODULES = {
     "train": "embedfresh.jobs.train",
     "evaluate": "embedfresh.jobs.evaluate",
     "gate": "embedfresh.jobs.gate",
-    "promote": "embedfresh.jobs.promote",
     "embed": "embedfresh.jobs.embed",
     "verify": "embedfresh.jobs.embed_verify",
+    "load_index": "embedfresh.jobs.index_load",
+    "search_check": "embedfresh.jobs.search_check",
+    "release": "embedfresh.jobs.release",
 }
 IMPORT = "import sys, time; t = time.perf_counter(); import {m}; " + (
     "print(time.perf_counter() - t, 'torch' in sys.modules)"
@@ -380,7 +382,7 @@ def main() -> None:
         f"the project's own share is {fork['own']:.0%} with the fork server "
         f"({fresh['own']:.0%} without)",
         f"`airflow db migrate` (SQLite, apart: once per demo home): {migrate_s:.1f} s",
-        "Tasks whose job writes no report (promote, verify) or runs in the worker "
+        "Tasks whose job writes no report (release, verify) or runs in the worker "
         "(list_shards) count as all overhead",
         f"Wall time of the whole benchmark: {time.perf_counter() - started:.0f} s",
     ]

@@ -220,7 +220,8 @@ class ReleaseOperator(_AnnouncesRelease):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.corpora = corpora if isinstance(corpora, str) else list(corpora)
+        # A list, a template, or an XCom of a list: parsed when the job spec is built.
+        self.corpora = list(corpora) if isinstance(corpora, list | tuple) else corpora
         self.version = version
         self.action = action
         self.reason = reason

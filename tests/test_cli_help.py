@@ -82,9 +82,9 @@ def _help(job: str, monkeypatch, capsys) -> tuple[str, type | None]:
     seen: list[type] = []
     real = cli.run_job
 
-    def recording(name, config_cls, fn, argv=None):
+    def recording(name, config_cls, fn, argv=None, **kwargs):
         seen.append(config_cls)
-        return real(name, config_cls, fn, argv)
+        return real(name, config_cls, fn, argv, **kwargs)
 
     monkeypatch.setattr(cli, "run_job", recording)
     monkeypatch.setattr(sys, "argv", [f"embedfresh.jobs.{job}", "--help"])
@@ -121,7 +121,9 @@ def _field_blocks(text: str) -> dict[str, str]:
 
 
 def test_jobs_are_found() -> None:
-    assert {"train", "evaluate", "gate", "promote", "embed", "generate_data"} <= set(JOBS)
+    assert {"train", "evaluate", "gate", "embed", "release", "search", "generate_data"} <= set(
+        JOBS
+    )
 
 
 @pytest.mark.parametrize("job", JOBS)

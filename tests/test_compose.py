@@ -16,6 +16,7 @@ from tests.stack import settings
 from tests.stack.stack import stack_commands, stack_env
 
 SERVICES = {
+    "index",
     "postgres",
     "redis",
     "minio",
@@ -29,7 +30,7 @@ SERVICES = {
     "worker-b",
 }
 #: The services that run Airflow (all but the init job), by the command they run.
-AIRFLOW_SERVICES = SERVICES - {"postgres", "redis", "minio", "minio-init", "airflow-init"}
+AIRFLOW_SERVICES = SERVICES - {"index", "postgres", "redis", "minio", "minio-init", "airflow-init"}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,10 @@ def test_compose_config_is_valid_and_complete(config: dict):
     assert env["EMBEDFRESH_ARTIFACT_ROOT"].startswith("s3://")
     assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
     assert "aws" in env["AIRFLOW_CONN_AWS_DEFAULT"]
+    # An S3 artifact root has no embedded index: the stack names its PostgreSQL + pgvector.
+    assert env["EMBEDFRESH_INDEX_DSN"].startswith("postgresql://")
+    assert "@index:5432/" in env["EMBEDFRESH_INDEX_DSN"]
+    assert config["services"]["index"]["image"].startswith("pgvector/pgvector:")
     assert scheduler["build"]["context"] == str(ROOT)
 
 

@@ -76,14 +76,19 @@ NOT_RUN: dict[str, str] = {
         "the reliability suite, which make test runs"
     ),
     "python -m embedfresh.jobs.rollback --config rollback.yaml": (
-        "needs a store with an earlier production version; "
+        "needs a store with an earlier release; "
         "tests/reliability/test_promotion.py::test_rollback_command_with_a_config_file runs "
         "this command with the rollback.yaml shown"
     ),
-    "python -m embedfresh.jobs.promote_anyway --config promote_anyway.yaml": (
+    "python -m embedfresh.jobs.release --config promote_anyway.yaml": (
         "needs a store with committed versions; tests/reliability/test_promotion.py::"
         "test_promote_anyway_command_with_a_config_file runs this command with the "
         "promote_anyway.yaml shown"
+    ),
+    # docs/SEARCH.md
+    '.venv/bin/python -m embedfresh.jobs.search --set artifact_root=$ROOT --set query="pilates mat"': (
+        "needs a store with a live release: the README's job sequence runs the search CLI "
+        "on the release it makes"
     ),
     # docs/UI.md
     "TOKEN=$(curl ": UI_SERVER,
@@ -92,10 +97,15 @@ NOT_RUN: dict[str, str] = {
 
 
 def _readme_jobs_done(work: Path) -> None:
-    """The README's job sequence did what the paragraph under it says, not only exit 0."""
+    """The README's job sequence did what the paragraph under it says, not only exit 0:
+    release r1 is live with its products table, and the version is exported."""
     store = work / "artifacts" / "mine"
     registry = json.loads((store / "models" / "tiny" / "registry.json").read_text())
     assert registry["production"]["version"] == "r1", registry
+    assert registry["production"]["release"] == "r1", registry
+    release = json.loads((store / "models" / "tiny" / "releases" / "r1.json").read_text())
+    assert release["corpora"]["products"]["embeddings"]["rows"] == 24000
+    assert release["corpora"]["products"]["search_check"]["verdict"] == "PASS"
     export = store / "models" / "tiny" / "versions" / "r1" / "sentence-transformers"
     assert (export / "COMMIT").exists() and (export / "modules.json").exists()
 

@@ -121,6 +121,12 @@ PLANTS = [
         LAZY.format("import torch"),
         "torch",
     ),
+    Plant(
+        "control-plane-no-database-client",
+        "plugins/model_quality",
+        LAZY.format("import psycopg"),
+        "psycopg",
+    ),
     Plant("core-torch-free", "embedfresh/core", TOP.format("import torch"), "torch"),
     Plant("core-torch-free", "embedfresh/core", LAZY.format("import boto3"), "boto3"),
     Plant(

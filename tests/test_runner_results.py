@@ -1,8 +1,11 @@
 """The XCom of every refresh task is the job's result record, identical under both runners.
 
-The refresh's operators run in DAG order (health, train, evaluate, gate, promote, the
-mapped embed, verify) on a small generated store, once under the local runner and once
-under the AWS Batch runner. Batch is moto's API in process; its jobs really run, through
+The refresh's operators run in DAG order (health, train, evaluate, gate, the mapped embed
+of the candidate, verify, index load, search check, release) on a small generated store,
+once under the local runner and once under the AWS Batch runner, each against a fresh
+vector index (a database of the session's PostgreSQL: the local job reads its DSN from
+the worker's environment, the Batch container from its image, as a job definition's
+secrets give it). Batch is moto's API in process; its jobs really run, through
 :class:`~tests.batch_harness.LocalBatchExecutor` (the container's command and
 environment from the submitted job, Batch's own ``AWS_BATCH_JOB_ID``), so the only way
 a summary reaches the operator under Batch is the result record the job wrote to the
@@ -34,8 +37,10 @@ from embedfresh.operators import (
     EmbeddingVerifyOperator,
     EvaluationOperator,
     IncrementalTrainingOperator,
-    PromoteModelOperator,
+    IndexLoadOperator,
     QualityGateOperator,
+    ReleaseOperator,
+    SearchCheckOperator,
 )
 from tests.batch_harness import (
     PYTHON,
@@ -50,7 +55,10 @@ pytestmark = pytest.mark.slow
 
 DAG_ID = "embedding_model_refresh"
 RUN_ID = "scheduled__2026-01-02T00:00:00+00:00"
-TASKS = ["health", "train", "evaluate", "gate", "promote", "embed:0", "embed:1", "verify"]
+TASKS = [
+    "health", "train", "evaluate", "gate", "embed:0", "embed:1", "verify", "load_index",
+    "search_check", "release",
+]  # fmt: skip
 #: Summary fields that measure time, different on every execution whatever the runner.
 TIMINGS = {
     "train": {
@@ -71,15 +79,28 @@ def batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 @pytest.fixture
-def batch_executor(batch: Any, monkeypatch: pytest.MonkeyPatch) -> LocalBatchExecutor:
-    """Moto's Batch whose single-node jobs really run, as local processes."""
-    return LocalBatchExecutor().install(monkeypatch)
+def batch_executor(
+    batch: Any, monkeypatch: pytest.MonkeyPatch, index_dsn: str
+) -> LocalBatchExecutor:
+    """Moto's Batch whose single-node jobs really run, as local processes; the image
+    carries the index's DSN (on AWS: the job definition's secrets)."""
+    from embedfresh.core.settings import INDEX_DSN_ENV
+
+    return LocalBatchExecutor(extra_env={INDEX_DSN_ENV: index_dsn}).install(monkeypatch)
+
+
+class OutletEvents(SimpleNamespace):
+    """An outlet's events, as far as the operators use them: ``extra`` of a static
+    Asset, ``add`` through an alias."""
+
+    def add(self, asset: Any, extra: dict | None = None) -> None:
+        self.__dict__.setdefault("added", []).append((asset, extra))
 
 
 def context(task_id: str, map_index: int = -1) -> dict[str, Any]:
     """What Airflow gives ``execute``, as far as these operators read it."""
     ti = SimpleNamespace(dag_id=DAG_ID, task_id=task_id, map_index=map_index)
-    return {"ti": ti, "outlet_events": defaultdict(SimpleNamespace)}
+    return {"ti": ti, "outlet_events": defaultdict(OutletEvents)}
 
 
 def refresh(root: str, mode: str, runner_settings: dict[str, Any]) -> dict[str, Any]:
@@ -111,16 +132,18 @@ def refresh(root: str, mode: str, runner_settings: dict[str, Any]) -> dict[str, 
     )
     run(EvaluationOperator(task_id="evaluate", **common))
     run(QualityGateOperator(task_id="gate", **common))
-    run(PromoteModelOperator(task_id="promote", **common))
-    # The DAG's "{{ ti.xcom_pull(task_ids='promote')['production'] }}".
-    version = xcom["promote"]["production"]
+    # The DAG's candidate: "{{ run_id }}", the version the train task published.
+    version = RUN_ID
     groups = CorpusShardsOperator(
-        task_id="list_shards", artifact_root=root, shards_per_task=2
+        task_id="list_shards", artifact_root=root, corpora=["products"], shards_per_task=2
     ).execute({})
-    for index, shards in enumerate(groups):
-        embed = BatchEmbeddingOperator(task_id="embed", **common, version=version, shards=shards)
+    for index, kwargs in enumerate(groups):
+        embed = BatchEmbeddingOperator(task_id="embed", **common, version=version, **kwargs)
         run(embed, index)
-    run(EmbeddingVerifyOperator(task_id="verify", **common, version=version))
+    run(EmbeddingVerifyOperator(task_id="verify", **common, version=version, corpus="products"))
+    run(IndexLoadOperator(task_id="load_index", **common, corpus="products"))
+    run(SearchCheckOperator(task_id="search_check", **common, corpus="products"))
+    run(ReleaseOperator(task_id="release", **common, corpora=["products"]))
     return xcom
 
 
@@ -165,8 +188,20 @@ def without_timings(xcom: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fresh_index(dsn: str) -> None:
+    """Empty the index: each run releases the same run id into it."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS embedfresh CASCADE")
+
+
 def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch(
-    data_template: Path, tmp_path: Path, batch: Any, batch_executor: LocalBatchExecutor
+    data_template: Path,
+    tmp_path: Path,
+    batch: Any,
+    batch_executor: LocalBatchExecutor,
+    index_dsn: str,
 ):
     store = tmp_path / "artifacts"
     root = f"file://{store}"
@@ -178,6 +213,7 @@ def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch
     check_costs(store, "local")
     assert batch_executor.executed == []  # the local run submitted nothing
     store.rename(tmp_path / "local-artifacts")
+    fresh_index(index_dsn)
 
     shutil.copytree(data_template, store)
     on_batch = refresh(root, "aws_batch", settings(python=PYTHON))
@@ -195,26 +231,27 @@ def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch
         assert run.command[run.command.index("--result-name") + 1] == f"{DAG_ID}:{key}"
 
     assert without_timings(on_batch) == without_timings(local)
-    assert on_batch["gate"]["verdict"] == "PASS" and on_batch["promote"]["production"] == RUN_ID
+    assert on_batch["gate"]["verdict"] == "PASS" and on_batch["release"]["production"] == RUN_ID
+    assert on_batch["release"]["release"] == RUN_ID
     assert sum(on_batch[f"embed:{i}"]["rows"] for i in (0, 1)) == DATA["corpus_rows"]
     assert on_batch["verify"]["rows"] == DATA["corpus_rows"]
 
     # The executor off: Batch says SUCCEEDED but the job never ran, so the record there
     # is the previous execution's, and the retried task does not take it as its own.
     batch_executor.enabled = False
-    before = record_path(store, "promote").read_bytes()
-    promote = PromoteModelOperator(
-        task_id="promote",
+    before = record_path(store, "release").read_bytes()
+    release = ReleaseOperator(
+        task_id="release",
         artifact_root=root,
         run_id=RUN_ID,
         execution_mode="aws_batch",
         runner_settings=settings(python=PYTHON),
     )
     with pytest.raises(AirflowException, match="was left by another execution") as info:
-        promote.execute(context("promote"))
+        release.execute(context("release"))
     assert type(info.value) is AirflowException  # retried
-    assert f"result record file://{record_path(store, 'promote')} " in str(info.value)
-    assert record_path(store, "promote").read_bytes() == before
+    assert f"result record file://{record_path(store, 'release')} " in str(info.value)
+    assert record_path(store, "release").read_bytes() == before
     assert len(batch_executor.executed) == len(TASKS)
 
 

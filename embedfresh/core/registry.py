@@ -23,13 +23,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError, ConflictError
-from embedfresh.core.releases import Release, kept_releases
 from embedfresh.core.storage import ArtifactStore, json_bytes
 
 log = logging.getLogger(__name__)
@@ -44,6 +43,38 @@ PROMOTE_ANYWAY = "promote_anyway"
 
 #: What each action is called in messages ("cannot <verb> <model> version <v>").
 _VERBS = {PROMOTE: "promote", PROMOTE_ANYWAY: "promote", ROLLBACK: "roll back to"}
+
+
+class Release(Protocol):
+    """What the registry needs of a release (:class:`embedfresh.core.releases.Release`)."""
+
+    release: str | None
+    version: str
+    url: str | None
+    corpora: Mapping[str, Any]
+
+
+def release_history(registry_doc: dict[str, Any] | None) -> list[str]:
+    """Release ids in the order they last went live, the live one first."""
+    if not registry_doc:
+        return []
+    order: list[str] = []
+    current = (registry_doc.get("production") or {}).get("release")
+    if current:
+        order.append(current)
+    for entry in reversed(registry_doc.get("history") or []):
+        release_id = entry.get("release") if isinstance(entry, dict) else None
+        if isinstance(release_id, str) and release_id not in order:
+            order.append(release_id)
+    return order
+
+
+def kept_releases(registry_doc: dict[str, Any] | None, keep: int) -> list[str]:
+    """The ``keep`` releases retention keeps: the live one and the most recent before it.
+    Rollback reaches only these; garbage collection deletes nothing they reference."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    return release_history(registry_doc)[:keep]
 
 
 @dataclass(frozen=True)
@@ -160,23 +191,72 @@ class Registry:
         :raises BadInputError: the version is not committed, or one of its files does not
             match its COMMIT marker (named); nothing was written.
         """
+        settled, allowed = self._release_rules(
+            release.release, action, details.get("run_id"), expected_version, expected_release
+        )
+        return self._move(action, release, details, settled, allowed)
+
+    def check_release(
+        self,
+        release_id: str,
+        version: str,
+        *,
+        action: str = PROMOTE,
+        run_id: str | None,
+        expected_version: str | None | object = ANY,
+        expected_release: str | None | object = ANY,
+    ) -> bool:
+        """What :meth:`release` would refuse, checked before anything is written (the
+        release document is written before the move): the same rules, and the version
+        committed. Its files are verified by the move itself. True when the release is
+        live already by this run (the move will write nothing).
+
+        :raises ConflictError: production moved since the caller read it.
+        :raises BadInputError: the version is not committed, or the override is moot.
+        """
+        settled, allowed = self._release_rules(
+            release_id, action, run_id, expected_version, expected_release
+        )
+        doc, _ = self.read()
+        production = (doc or {}).get("production") or {}
+        if settled(production):
+            return True
+        allowed(doc, production)
+        directory = layout.model_version(self.model, version)
+        if markers.read_marker(self.store, directory) is None:
+            raise BadInputError(
+                f"cannot {_VERBS[action]} {self.model} version {version}: "
+                f"{self.store.url(directory)} is not committed"
+            )
+        return False
+
+    def _release_rules(
+        self,
+        release_id: str | None,
+        action: str,
+        run_id: str | None,
+        expected_version: str | None | object,
+        expected_release: str | None | object,
+    ) -> tuple[
+        Callable[[dict[str, Any]], bool], Callable[[dict[str, Any] | None, dict[str, Any]], None]
+    ]:
+        """``settled`` and ``allowed`` of a release's move (see :meth:`_move`)."""
         if action not in (PROMOTE, PROMOTE_ANYWAY):
             raise ValueError(f"a release goes live by promote or promote_anyway, not {action!r}")
-        run_id = details.get("run_id")
 
         def settled(production: dict[str, Any]) -> bool:
             return (
                 run_id is not None
-                and production.get("release") == release.release
+                and production.get("release") == release_id
                 and production.get("run_id") == run_id
                 and production.get("action", PROMOTE) == action
             )
 
         def allowed(doc: dict[str, Any] | None, current: dict[str, Any]) -> None:
             if action == PROMOTE_ANYWAY:
-                if current.get("release") is not None and current.get("release") == release.release:
+                if current.get("release") is not None and current.get("release") == release_id:
                     raise BadInputError(
-                        f"cannot promote {self.model} release {release.release} anyway: it is "
+                        f"cannot promote {self.model} release {release_id} anyway: it is "
                         f"live already (registry {self.url}); nothing to override"
                     )
                 return
@@ -187,7 +267,7 @@ class Registry:
                         f"expected {expected!r}; another run released first"
                     )
 
-        return self._move(action, release, details, settled, allowed)
+        return settled, allowed
 
     def check_kept(self, doc: dict[str, Any] | None, release_id: str | None, keep: int) -> None:
         """A rollback to ``release_id`` is allowed by retention: it is one of the ``keep``

@@ -30,7 +30,21 @@ from typing import Any
 
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError, ConflictError
+from embedfresh.core.registry import Registry, kept_releases, release_history
 from embedfresh.core.storage import ArtifactStore, json_bytes
+
+__all__ = [
+    "CorpusRelease",
+    "Release",
+    "kept_releases",
+    "live_release",
+    "production_release",
+    "read_release",
+    "release_doc",
+    "release_history",
+    "releases_carrying",
+    "write_release",
+]
 
 FORMAT = 1
 """Version of the release document's layout."""
@@ -247,8 +261,6 @@ def live_release(artifact_root: str | ArtifactStore, model: str) -> Release | No
 
     :raises BadInputError: the registry or the release document is not valid.
     """
-    from embedfresh.core.registry import Registry
-
     store = (
         artifact_root if isinstance(artifact_root, ArtifactStore) else ArtifactStore(artifact_root)
     )
@@ -256,25 +268,9 @@ def live_release(artifact_root: str | ArtifactStore, model: str) -> Release | No
     return production_release(store, model, doc)
 
 
-def release_history(registry_doc: dict[str, Any] | None) -> list[str]:
-    """Release ids in the order they last went live, the live one first."""
-    if not registry_doc:
-        return []
-    order: list[str] = []
-    current = (registry_doc.get("production") or {}).get("release")
-    if current:
-        order.append(current)
-    for entry in reversed(registry_doc.get("history") or []):
-        release_id = entry.get("release") if isinstance(entry, dict) else None
-        if isinstance(release_id, str) and release_id not in order:
-            order.append(release_id)
-    return order
-
-
 def releases_carrying(store: ArtifactStore, model: str, version: str, corpus: str) -> list[str]:
     """The kept releases (:func:`kept_releases`, ``$EMBEDFRESH_KEEP_RELEASES``) whose
     ``corpus`` embeddings are those of ``version``: a set that must not change."""
-    from embedfresh.core.registry import Registry
     from embedfresh.core.settings import keep_releases
 
     doc, _ = Registry(store, model).read()
@@ -284,11 +280,3 @@ def releases_carrying(store: ArtifactStore, model: str, version: str, corpus: st
         if release.version == version and corpus in release.corpora:
             found.append(release_id)
     return found
-
-
-def kept_releases(registry_doc: dict[str, Any] | None, keep: int) -> list[str]:
-    """The ``keep`` releases retention keeps: the live one and the most recent before it.
-    Rollback reaches only these; garbage collection deletes nothing they reference."""
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1, got {keep}")
-    return release_history(registry_doc)[:keep]

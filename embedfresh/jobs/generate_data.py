@@ -20,7 +20,7 @@ from typing import NoReturn
 from embedfresh.core.exit_codes import BadInputError, ExitCode, JobError
 from embedfresh.core.settings import default_artifact_root
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.generate import write_dataset
+from embedfresh.ml.data.generate import CATALOGUE_SIZE, write_dataset
 
 PROG = "generate_data"
 #: The embedded demo's first day (``scripts/demo.py``, the DAGs' start date).
@@ -84,8 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     add("--train-rows", metavar="N", type=_count, default=4000, help="training rows per day")
     add("--eval-rows", metavar="N", type=_count, default=10000, help="held-out eval rows")
     add("--corpus", metavar="NAME", default="products", help="corpus name")
-    add("--corpus-rows", metavar="N", type=_count, default=5000, help="texts in the corpus")
-    add("--corpus-shard-rows", metavar="N", type=_count, default=1000, help="texts per shard")
+    add(
+        "--corpus-rows",
+        metavar="N",
+        type=_count,
+        default=CATALOGUE_SIZE,
+        help="texts in the corpus; the default is the whole product catalogue, so every eval "
+        "query's relevant products are in it (what the search check measures)",
+    )
+    add("--corpus-shard-rows", metavar="N", type=_count, default=6000, help="texts per shard")
     return parser
 
 

@@ -41,7 +41,8 @@ log = logging.getLogger("embedfresh.jobs.release")
 
 #: The search check's figures a release keeps (the whole report stays in the run).
 CHECK_FIGURES = (
-    "verdict", "reason", "queries", "queries_left_out", "ann_recall", "min_ann_recall",
+    "verdict", "reason", "queries", "queries_judged", "queries_left_out", "ann_recall",
+    "min_ann_recall",
     "recall_at_10", "latency_ms", "dataset",
 )  # fmt: skip
 
@@ -70,6 +71,17 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
             "no document vectors (corpora is empty)",
             cfg.run_id, cfg.model,
         )  # fmt: skip
+    registry = Registry(store, cfg.model)
+    expected_release = checked_against.pop() if checked_against else ANY
+    # What the move would refuse, refused before the release document is written.
+    registry.check_release(
+        cfg.run_id,
+        version,
+        action=cfg.action,
+        run_id=cfg.run_id,
+        expected_version=expected_version,
+        expected_release=expected_release,
+    )
     doc = release_doc(
         model=cfg.model,
         release=cfg.run_id,
@@ -85,7 +97,6 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
     )
     made, written = write_release(store, doc)
     log.info("release %s %s: %s", cfg.run_id, "written" if written else "already written", made.url)
-    registry = Registry(store, cfg.model)
     details: dict[str, Any] = {"run_id": cfg.run_id}
     if gate is not None:
         details.update(
@@ -102,7 +113,7 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
         action=cfg.action,
         details=details,
         expected_version=expected_version,
-        expected_release=checked_against.pop() if checked_against else ANY,
+        expected_release=expected_release,
     )
     if move.already:
         log.info("release %s is live already (by this run): nothing to move", cfg.run_id)

@@ -61,8 +61,10 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
         "who": cfg.who,
         "why": cfg.reason,
         "release_url": target.url,
-        "corpora": {c: {"table": e.table, "rows": e.rows, "manifest": e.manifest}
-                    for c, e in target.corpora.items()},  # fmt: skip
+        "corpora": {
+            c: {"table": e.table, "rows": e.rows, "manifest": e.manifest}
+            for c, e in target.corpora.items()
+        },  # fmt: skip
         "live_views_switched": switched,
     }
 

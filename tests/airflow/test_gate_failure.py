@@ -1,7 +1,7 @@
 """A candidate that fails the quality gate stops ``embedding_model_refresh`` at the gate,
-under the real scheduler: the gate task fails on its first try with no retry, promote
-and everything after it never run, and the production pointer (registry.json) keeps its
-exact bytes.
+under the real scheduler: the gate task fails on its first try with no retry, the
+candidate's embedding, index load, search check and release never run, and the
+production pointer (registry.json) keeps its exact bytes.
 
 The candidate is made worse the way it happens in production: a bad data partition.
 Production is a model trained on day 1; the run's partition (day 2) has every label
@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedfresh.core import layout
-from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from tests.airflow.server import REFRESH, AirflowServer, task_states
 from tests.conftest import DAY1, DAY2, run_job
+from tests.releasing import bare_release
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
         "epochs=3",
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
-    Registry(store, "tiny").promote("production-run", None, {"run_id": "production-run"})
+    bare_release(store, "tiny", "production-run")
     registry_before = store.read_bytes(layout.registry("tiny"))
     flip_labels(store, DAY2)
 
@@ -68,7 +68,9 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
 
     assert states["train"] == states["evaluate"] == "success", server.explain(REFRESH, run_id)
     assert states["gate"] == "failed", states
-    after_gate = ("promote", "list_shards", "embed", "verify")
+    after_gate = (
+        "corpora", "list_shards", "embed", "verify", "load_index", "search_check", "release",
+    )  # fmt: skip
     assert {states[t] for t in after_gate} == {"upstream_failed"}, states
     (gate_ti,) = [ti for ti in tis if ti["task_id"] == "gate"]
     assert gate_ti["try_number"] == 1

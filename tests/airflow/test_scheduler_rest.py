@@ -44,10 +44,12 @@ def test_triggered_refresh_runs_to_success_through_the_rest_api(
 
     # Every task of the DAG ran and succeeded; embed once per corpus shard.
     dag_tasks = {t["task_id"] for t in server.api("GET", f"/dags/{REFRESH}/tasks")["tasks"]}
-    assert {"train", "evaluate", "gate", "promote", "embed", "verify"} <= dag_tasks
+    assert {"train", "evaluate", "gate", "embed", "verify", "load_index", "release"} <= dag_tasks
     shards = DATA["corpus_rows"] // DATA["corpus_shard_rows"]
     assert {k.split("[")[0] for k in states} == dag_tasks
     assert [k for k in states if k.startswith("embed[")] == [f"embed[{i}]" for i in range(shards)]
+    # verify, load_index and search_check: once per corpus (the corpora Param: products).
+    assert [k for k in states if k.startswith("load_index")] == ["load_index[0]"]
     assert set(states.values()) == {"success"}, states
 
     # The train task's XCom, read through the API: three epochs over 1,024 rows, batch 32.
@@ -62,6 +64,6 @@ def test_triggered_refresh_runs_to_success_through_the_rest_api(
     train = json.loads((artifacts / "runs/tiny" / run_id / "reports/train.json").read_text())
     assert train["data_interval"] == ["2026-01-01", "2026-01-02"]
     registry = json.loads((artifacts / "models/tiny/registry.json").read_text())
-    assert registry["production"]["version"] == run_id
+    assert registry["production"]["version"] == registry["production"]["release"] == run_id
     manifest = artifacts / "embeddings/tiny" / run_id / "products/_MANIFEST.json"
     assert manifest.exists()

@@ -31,12 +31,15 @@ PRELOAD = [
     "embedfresh.jobs.train",
     "embedfresh.jobs.evaluate",
     "embedfresh.jobs.gate",
-    "embedfresh.jobs.promote",
     "embedfresh.jobs.embed",
     "embedfresh.jobs.embed_verify",
+    "embedfresh.jobs.index_load",
+    "embedfresh.jobs.search_check",
+    "embedfresh.jobs.release",
     "embedfresh.jobs.export_st",
     "embedfresh.jobs.compile",
     "embedfresh.jobs.rollback",
+    "embedfresh.jobs.garbage_collect",
 ]
 
 

@@ -4,7 +4,7 @@ in the store: no model version, no report, and the registry and the published
 embeddings byte-identical (sha256 of every file of the store, before and after).
 
 Each case runs the real program (``python -m embedfresh.jobs.<name>``) against a private copy of
-a store that already has a production model (``prod``, promoted) and its published
+a store that already has a production model (``prod``, a release without corpora) and its
 embeddings, with the broken part written through pyarrow. docs/RELIABILITY.md lists
 every case with the test that proves it. Two in-process tests widen a case the real
 program proves once: every float field of every job config must be finite, and which
@@ -36,6 +36,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.local import STAGING
 from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
 from tests.conftest import ROOT, job_env, run_job
+from tests.releasing import bare_release
 
 RUN = "bad"
 START = "data_interval_start=2026-01-01"
@@ -45,7 +46,7 @@ PROD = "prod"
 @pytest.fixture(scope="module")
 def published(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The generated data set plus what production looks like: version ``prod``
-    trained, promoted, and the corpus embedded with it."""
+    trained, released, and the corpus embedded with it."""
     dest = tmp_path_factory.mktemp("published") / "artifacts"
     shutil.copytree(data_template, dest)
     root = f"file://{dest}"
@@ -53,7 +54,7 @@ def published(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "train", f"artifact_root={root}", f"run_id={PROD}", START, "max_steps=2", "init=base"
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
-    Registry(ArtifactStore(root), "tiny").promote(PROD, None, {"decision": "PASS"})
+    bare_release(ArtifactStore(root), "tiny", PROD)
     embedded = run_job("embed", f"artifact_root={root}", f"run_id={PROD}", f"version={PROD}")
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     assert (dest / "embeddings/tiny/prod/products/part-00000.COMMIT").exists()
@@ -540,7 +541,7 @@ def test_second_run_cannot_republish_a_version_with_another_config(root):
     )
     assert first.returncode == 0, first.stderr[-3000:]
     store = ArtifactStore(root)
-    Registry(store, "tiny").promote("first", PROD, {"decision": "PASS"})
+    bare_release(store, "tiny", "first")
     before = snapshot(_dir(root))
     assert "models/tiny/versions/first/COMMIT" in before
     assert "models/tiny/registry.json" in before
@@ -653,10 +654,56 @@ def test_evaluate_an_empty_eval_split(root):
     assert snapshot(_dir(root)) == before
 
 
-def test_promote_without_a_gate_report(root):
+def test_release_without_a_gate_report(root):
     before = snapshot(_dir(root))
-    result = run_job("promote", f"artifact_root={root}", f"run_id={RUN}")
-    assert_one_line_error(result, "promote", "no gate report", "run the gate job first")
+    result = run_job("release", f"artifact_root={root}", f"run_id={RUN}")
+    assert_one_line_error(result, "release", "no gate report", "run the gate job first")
+    assert snapshot(_dir(root)) == before
+
+
+#: The release side's steps out of order or on what is not there: each names the command
+#: that makes what it lacks. The store is not touched and the index is never opened.
+RELEASE_CASES = {
+    "load-without-verified-embeddings": (
+        "index_load",
+        [f"version={PROD}", "corpus=nope"],
+        ["no verified embeddings", "embed_verify --set model=tiny --set version=prod"],
+    ),
+    "check-without-verified-embeddings": (
+        "search_check",
+        [f"version={PROD}"],
+        ["_MANIFEST.json", "embed and verify them first"],
+    ),
+    "release-of-an-unknown-version": (
+        "release",
+        ["version=nope", "action=promote_anyway", "reason=test", "corpora=[]"],
+        ["models/tiny/versions/nope", "not committed"],
+    ),
+    "rollback-to-no-release": (
+        "rollback",
+        ["to_release=nope", "reason=test"],
+        ["cannot roll tiny back to release nope", "kept before it"],
+    ),
+    "repeated-corpora": ("release", ['corpora=["a","a"]'], ["corpora must not repeat"]),
+    "ef-construction-below-2m": (
+        "index_load",
+        ["hnsw_m=32", "hnsw_ef_construction=40"],
+        ["hnsw_ef_construction (40) must be at least 2 x hnsw_m (64)"],
+    ),
+    "memory-not-a-size": (
+        "index_load",
+        ["maintenance_work_mem=lots"],
+        ["maintenance_work_mem", "PostgreSQL memory size"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RELEASE_CASES))
+def test_release_side_bad_input(root, case):
+    job, sets, words = RELEASE_CASES[case]
+    before = snapshot(_dir(root))
+    result = run_job(job, f"artifact_root={root}", f"run_id={RUN}", *sets)
+    assert_one_line_error(result, job, *words)
     assert snapshot(_dir(root)) == before
 
 
@@ -700,7 +747,7 @@ def test_over_long_text_is_truncated_and_counted(root):
         "embed", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}", "corpus=long"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((_dir(root) / f"runs/tiny/{RUN}/reports/embed.json").read_text())
+    report = json.loads((_dir(root) / f"runs/tiny/{RUN}/reports/embed-long.json").read_text())
     assert report["truncated"] == 1, report
     after = snapshot(_dir(root))
     assert {k: after[k] for k in before} == before  # only new files, nothing replaced

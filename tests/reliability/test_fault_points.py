@@ -10,9 +10,15 @@ byte-identical (JSON reports compared without their clocks), nothing staged left
 
 The jobs run in the order of a refresh, each on the state the previous one left, all in
 one store path (reports hold absolute URLs): train (from production, a checkpoint
-between two steps), evaluate, gate, promote, embed, verify, export, compile (eager)
-and rollback.
-docs/RELIABILITY.md lists the points and the figures.
+between two steps), evaluate, gate, embed the candidate, verify, load the index, search
+check, release, export, compile (eager), rollback and garbage collection.
+
+The vector index is part of the state: a database of its own on the session's PostgreSQL
+(:mod:`tests.reliability.index_state`), snapshotted before each job and restored with
+the store before each point. Its statements are fault points too (``db``: a shard's
+rows with its ledger row, the HNSW build, a live view's switch, a table dropped), and
+the state compared holds the catalogue, the ledger, the live views and every table's
+rows. docs/RELIABILITY.md lists the points and the figures.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from embedfresh.core.registry import Registry
-from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.settings import INDEX_DSN_ENV
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
 from embedfresh.core.storage.local import STAGING
 from tests.conftest import run_job
+from tests.releasing import release_run
 from tests.reliability import figures
 from tests.reliability.forked import Finished, ForkServer
+from tests.reliability.index_state import IndexSnapshots
 
 #: The refresh, in order: (job, its --set values after artifact_root, its clean exit code).
 CHAIN = [
@@ -50,13 +57,18 @@ CHAIN = [
     ("evaluate", ["run_id=r2"], 0),
     # A wide tolerance makes the small eval set's verdict PASS, so promote has work to do.
     ("gate", ["run_id=r2", "tolerance=0.5", "resamples=200"], 0),
-    ("promote", ["run_id=r2"], 0),
+    # The candidate, made ready to serve before it goes live.
     ("embed", ["run_id=r2", "version=r2"], 0),
     ("embed_verify", ["run_id=r2", "version=r2"], 0),
+    ("index_load", ["run_id=r2"], 0),
+    ("search_check", ["run_id=r2"], 0),
+    ("release", ["run_id=r2"], 0),
     ("export_st", ["run_id=r2", "version=r2"], 0),
     ("compile", ["run_id=c1", "compile=off"], 0),
-    # A person takes production back to r1 (a former production version).
-    ("rollback", ["run_id=back", "to_version=r1", "reason=fault-point matrix", "who=ci"], 0),
+    # A person takes production back to release r1, with its table.
+    ("rollback", ["run_id=back", "to_release=r1", "reason=fault-point matrix", "who=ci"], 0),
+    # Retention 1, no grace: r2's table, embeddings and version go.
+    ("garbage_collect", ["run_id=gc", "keep_releases=1", "grace_hours=0"], 0),
 ]
 JOBS = [job for job, _, _ in CHAIN]
 
@@ -71,6 +83,7 @@ CLOCKS = (
     "started",
     "finished",
     "duration",
+    "latency",
     "rss",
     "attempt_id",
     "pid",
@@ -87,6 +100,16 @@ ATTEMPT = {
     "reused",
     "shards_reused",
     "shards_computed",
+    # The index load's, release's and garbage collection's own work this attempt: the
+    # state (the store and the index) says what is done.
+    "parts_loaded",
+    "parts_reused",
+    "rows_loaded",
+    "ann_built",
+    "live_views_switched",
+    "tables_dropped",
+    "embeddings_deleted",
+    "versions_deleted",
 }
 
 
@@ -130,10 +153,11 @@ def normalised(rel: str, data: bytes) -> str:
     path = PurePosixPath(rel)
     if path.suffix == ".json" or path.name.endswith("COMMIT"):
         doc = json.loads(data)
-        if path.name == "embed.json" and "summary" in doc:  # the result record
-            doc["summary"] = _embed_report(doc["summary"])
-        elif path.name == "embed.json":
-            doc = _embed_report(doc)
+        if path.name == "embed.json" or path.name.startswith("embed-"):
+            if "summary" in doc:  # the result record (results/embed.json)
+                doc["summary"] = _embed_report(doc["summary"])
+            else:  # the report (reports/embed-<corpus>.json)
+                doc = _embed_report(doc)
         return json.dumps(_stable(doc), sort_keys=True)
     return hashlib.sha256(data).hexdigest()
 
@@ -192,29 +216,48 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> ForkServer:
 
 
 @pytest.fixture(scope="module")
-def chain(
-    data_template: Path, tmp_path_factory: pytest.TempPathFactory, server: ForkServer
-) -> tuple[Path, dict[str, Path]]:
-    """The store path every run uses, and a snapshot of the store before each job.
+def index(pg_server: str) -> IndexSnapshots:
+    """The matrix's vector index: a database of the session's server, and its snapshots."""
+    return IndexSnapshots(pg_server, "fault_points")
 
-    Production is version ``r1`` (trained from the base weights, promoted); the chain
-    is the next day's refresh, ``r2``, run cleanly once."""
-    base = tmp_path_factory.mktemp("faults")
-    store = base / "store"
-    shutil.copytree(data_template, store)
-    root = f"file://{store}"
-    # A real interpreter for the first job: the forked runner must match it.
+
+def first_release(root: str, index: IndexSnapshots) -> None:
+    """Production before the chain: release ``r1`` of version ``r1`` (trained from the
+    base weights) with the products corpus, in the index; a real interpreter trains it
+    (the forked runner must match it), the release's jobs run in this process."""
     first = run_job(
         "train", f"artifact_root={root}", "run_id=r1", "data_interval_start=2026-01-01",
         "max_steps=2", "init=base",
     )  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
-    Registry(ArtifactStore(root), "tiny").promote("r1", None, {"decision": "PASS"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(INDEX_DSN_ENV, index.dsn)
+        release_run(root, "r1", regression="report")
+
+
+@pytest.fixture(scope="module")
+def chain(
+    data_template: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    server: ForkServer,
+    index: IndexSnapshots,
+) -> tuple[Path, dict[str, Path]]:
+    """The store path every run uses, and a snapshot of the store (and of the index,
+    labelled by job) before each job.
+
+    Production is release ``r1``; the chain is the next day's refresh, ``r2``, run
+    cleanly once, then a rollback to r1 and a garbage collection."""
+    base = tmp_path_factory.mktemp("faults")
+    store = base / "store"
+    shutil.copytree(data_template, store)
+    root = f"file://{store}"
+    first_release(root, index)
     before = {}
     for job, sets, code in CHAIN:
         before[job] = base / f"before-{job}"
         shutil.copytree(store, before[job])
-        done = server.run(job, f"artifact_root={root}", *sets)
+        index.snapshot(job)
+        done = server.run(job, f"artifact_root={root}", *sets, env={INDEX_DSN_ENV: index.dsn})
         assert done.exitcode == code, f"{job}: {done.stderr[-3000:]}"
     return store, before
 
@@ -284,17 +327,26 @@ def run_matrix(
 @pytest.mark.slow
 @pytest.mark.parametrize("job", JOBS)
 def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
-    job: str, chain: tuple[Path, dict[str, Path]], server: ForkServer, tmp_path: Path
+    job: str,
+    chain: tuple[Path, dict[str, Path]],
+    server: ForkServer,
+    index: IndexSnapshots,
+    tmp_path: Path,
 ) -> None:
     store, before = chain
     sets, code = next((s, c) for j, s, c in CHAIN if j == job)
+
+    def restore() -> None:
+        _restore(store, before[job])
+        index.restore(job)
+
     run_matrix(
         job,
-        lambda *args, env: server.run(job, *args, env=env),
+        lambda *args, env: server.run(job, *args, env={INDEX_DSN_ENV: index.dsn, **env}),
         (f"artifact_root=file://{store}", *sets),
         code,
-        restore=lambda: _restore(store, before[job]),
-        state=lambda: state(store),
+        restore=restore,
+        state=lambda: {**state(store), **index.state()},
         leftovers=lambda: leftovers(store),
         logs=tmp_path,
     )

@@ -9,11 +9,15 @@ same matrix here:
 
 - ``train``: the lease (a conditional PUT, renewed and removed), checkpoints and the
   model version, each many objects and then its ``COMMIT`` marker;
-- ``promote``: the lease and the registry's compare-and-swap (``If-Match``);
-- ``embed``: the per-shard markers.
+- ``embed``: the per-shard markers;
+- ``index_load``: the lease, the index's shards and HNSW build between store writes;
+- ``search_check``: its report, read back by the release;
+- ``release``: the release document (a create-only PUT, ``If-None-Match: *``), the
+  registry's compare-and-swap (``If-Match``) and the live view's switch;
+- ``garbage_collect``: table drops and recursive removes (batches of DELETEs).
 
-``evaluate`` and ``gate`` run once, cleanly, in the chain (the gate's PASS report gives
-promote its work); their points are the file matrix's. Everything else is the file
+``evaluate``, ``gate``, ``embed_verify`` and ``rollback`` run once, cleanly, in the chain
+(their points are the file matrix's). Everything else is the file
 matrix's: its chain entries, its JSON normalisation (:func:`_stable`,
 :func:`_embed_report`), its first-difference report. The chain is built at the S3 root
 the matrix runs on (reports hold absolute URLs); the snapshot before each job is a
@@ -30,22 +34,26 @@ from pathlib import Path, PurePosixPath
 import boto3
 import pytest
 
-from embedfresh.core.registry import Registry
-from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.settings import INDEX_DSN_ENV
 from embedfresh.core.storage.local import STAGING
-from tests.conftest import _s3_env, run_job, write_data
+from tests.conftest import _s3_env, write_data
 from tests.reliability.forked import ForkServer
-from tests.reliability.test_fault_points import CHAIN, is_leftover, normalised, run_matrix
+from tests.reliability.index_state import IndexSnapshots
+from tests.reliability.test_fault_points import (
+    CHAIN,
+    first_release,
+    is_leftover,
+    normalised,
+    run_matrix,
+)
 
 BUCKET = "fault-points"
 #: The artifact root's prefix in the bucket; snapshots live beside it, never under it.
 PREFIX = "prod"
 SNAPSHOTS = "snapshots"
-#: The file matrix's refresh up to embed; the matrix runs on the jobs of :data:`S3_JOBS`.
-S3_CHAIN = [
-    entry for entry in CHAIN if entry[0] in {"train", "evaluate", "gate", "promote", "embed"}
-]
-S3_JOBS = ["train", "promote", "embed"]
+#: The file matrix's chain but export and compile; the matrix runs on :data:`S3_JOBS`.
+S3_CHAIN = [entry for entry in CHAIN if entry[0] not in {"export_st", "compile"}]
+S3_JOBS = ["train", "embed", "index_load", "search_check", "release", "garbage_collect"]
 ROOT_URL = f"s3://{BUCKET}/{PREFIX}"
 
 
@@ -125,26 +133,30 @@ def forks(tmp_path_factory: pytest.TempPathFactory) -> ForkServer:
 
 
 @pytest.fixture(scope="module")
-def s3_chain(s3, s3_endpoint: str, forks: ForkServer) -> tuple[dict[str, str], dict[str, str]]:
-    """The S3 environment a job needs, and the snapshot prefix of the store before each
-    job of :data:`S3_CHAIN`.
+def s3_index(pg_server: str) -> IndexSnapshots:
+    """The S3 matrix's vector index: a database of the session's server."""
+    return IndexSnapshots(pg_server, "fault_points_s3")
 
-    Production is version ``r1`` (trained from the base weights, promoted); the chain is
-    the next day's refresh, ``r2``, run cleanly once, all at :data:`ROOT_URL`."""
-    env = _s3_env(s3_endpoint)
+
+@pytest.fixture(scope="module")
+def s3_chain(
+    s3, s3_endpoint: str, forks: ForkServer, s3_index: IndexSnapshots
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment a job needs (S3 and the index), and the snapshot prefix of the
+    store before each job of :data:`S3_CHAIN` (the index's snapshots are labelled by job).
+
+    Production is release ``r1``; the chain is the next day's refresh, ``r2``, run
+    cleanly once, then a rollback and a garbage collection, all at :data:`ROOT_URL`."""
+    env = {**_s3_env(s3_endpoint), INDEX_DSN_ENV: s3_index.dsn}
     s3.create_bucket(Bucket=BUCKET)
-    # The data and the registry are written in this process: the s3_endpoint fixture
-    # has put the same S3 environment in os.environ for the session.
+    # The data and release r1 are written in this process: the s3_endpoint fixture has
+    # put the same S3 environment in os.environ for the session.
     write_data(ROOT_URL)
-    first = run_job(
-        "train", f"artifact_root={ROOT_URL}", "run_id=r1", "data_interval_start=2026-01-01",
-        "max_steps=2", "init=base", env=env,
-    )  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
-    Registry(ArtifactStore(ROOT_URL), "tiny").promote("r1", None, {"decision": "PASS"})
+    first_release(ROOT_URL, s3_index)
     before = {}
     for job, sets, code in S3_CHAIN:
         before[job] = snapshot(s3, f"before-{job}")
+        s3_index.snapshot(job)
         done = forks.run(job, f"artifact_root={ROOT_URL}", *sets, env=env)
         assert done.exitcode == code, f"{job}: {done.stderr[-3000:]}"
     assert not s3_leftovers(s3), s3_leftovers(s3)
@@ -158,17 +170,23 @@ def test_every_write_on_s3_killed_then_a_plain_rerun_finishes_the_same(
     s3,
     s3_chain: tuple[dict[str, str], dict[str, str]],
     forks: ForkServer,
+    s3_index: IndexSnapshots,
     tmp_path: Path,
 ) -> None:
     s3_env, before = s3_chain
     sets, code = next((s, c) for j, s, c in S3_CHAIN if j == job)
+
+    def restore_both() -> None:
+        restore(s3, before[job])
+        s3_index.restore(job)
+
     run_matrix(
         f"{job} (s3)",
         lambda *args, env: forks.run(job, *args, env={**s3_env, **env}),
         (f"artifact_root={ROOT_URL}", *sets),
         code,
-        restore=lambda: restore(s3, before[job]),
-        state=lambda: s3_state(s3),
+        restore=restore_both,
+        state=lambda: {**s3_state(s3), **s3_index.state()},
         leftovers=lambda: s3_leftovers(s3),
         logs=tmp_path,
     )

@@ -171,7 +171,13 @@ class CeleryStack(AirflowServer):
     max_lifetime_s = 1800
 
     def __init__(
-        self, home: Path, artifact_root: str, database: str, redis_db: int, s3_endpoint: str
+        self,
+        home: Path,
+        artifact_root: str,
+        database: str,
+        redis_db: int,
+        s3_endpoint: str,
+        index_dsn: str | None = None,
     ) -> None:
         self.queue = f"embedfresh-{secrets.token_hex(4)}"
         self.broker_url = f"redis://{HOST}:{settings.SERVICES['redis']}/{redis_db}"
@@ -187,6 +193,8 @@ class CeleryStack(AirflowServer):
             # from the checkout.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
+        if index_dsn:  # the vector index every worker's jobs reach, as RDS would be
+            extra["EMBEDFRESH_INDEX_DSN"] = index_dsn
         super().__init__(home, artifact_root, components=stack_commands(), extra_env=extra)
         #: Workers started again after a kill, each in a session of its own.
         self._restarted: list[subprocess.Popen[bytes]] = []

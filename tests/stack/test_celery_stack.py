@@ -28,6 +28,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.checkpoint import WEIGHTS
 from tests.airflow.server import REFRESH, free_port, job_pids, task_states
 from tests.conftest import DATA, ROOT, job_env, write_demo_store
+from tests.reliability.index_state import IndexSnapshots
 from tests.stack import settings
 from tests.stack.stack import (
     WORKERS,
@@ -41,12 +42,16 @@ from tests.stack.stack import (
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[CeleryStack]:
-    """The stack with the demo store as its default artifact root and moto's S3 server
-    as its ``aws_default`` endpoint (every component has its ``AWS_*`` variables), the
-    refresh DAG parsed and unpaused (the scheduler's run of yesterday marked failed: the
-    tests trigger their own)."""
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str, pg_server: str
+) -> Iterator[CeleryStack]:
+    """The stack with the demo store as its default artifact root, moto's S3 server as
+    its ``aws_default`` endpoint (every component has its ``AWS_*`` variables) and a
+    database of the session's PostgreSQL + pgvector as its vector index (as RDS would be:
+    an S3 root has no embedded index), the refresh DAG parsed and unpaused (the
+    scheduler's run of yesterday marked failed: the tests trigger their own)."""
     require_services()
+    index = IndexSnapshots(pg_server, "celery_stack")
     started = time.monotonic()
     root = f"file://{tmp_path_factory.mktemp('stack-artifacts')}"
     write_demo_store(root)
@@ -60,6 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterato
             database,
             redis_db=random.randint(1, 15),
             s3_endpoint=s3_endpoint,
+            index_dsn=index.dsn,
         )
         server.timings = {"migrate_s": server.migrate()}
         try:
