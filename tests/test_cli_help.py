@@ -121,9 +121,7 @@ def _field_blocks(text: str) -> dict[str, str]:
 
 
 def test_jobs_are_found() -> None:
-    assert {"train", "evaluate", "gate", "embed", "release", "search", "generate_data"} <= set(
-        JOBS
-    )
+    assert {"train", "evaluate", "gate", "embed", "release", "search", "generate_data"} <= set(JOBS)
 
 
 @pytest.mark.parametrize("job", JOBS)
