@@ -156,20 +156,28 @@ def real(root: str, env: dict[str, str], rows: int, shard_rows: int) -> dict:
 
 
 def synthetic(
-    root: str, env: dict[str, str], rows: int, part_rows: int, memory: str, run_id: str
+    root: str,
+    env: dict[str, str],
+    rows: int,
+    part_rows: int,
+    memory: str,
+    run_id: str,
+    ann: tuple[int, int] | None = None,
 ) -> dict:
+    """Load ``rows`` random vectors; ``ann``: (m, ef_construction) of a cheap build, for
+    the loader's memory alone (the build runs in the server, not in the loader)."""
     from embedfresh.core.storage import ArtifactStore
 
     t0 = time.perf_counter()
     synthetic_set(root, rows, part_rows, 384)
     made = time.perf_counter() - t0
-    sets = (f"artifact_root={root}", "model=synth", f"run_id={run_id}", "version=v1", "corpus=synthetic",
-            f"maintenance_work_mem={memory}")  # fmt: skip
+    sets = [f"artifact_root={root}", "model=synth", f"run_id={run_id}", "version=v1",
+            "corpus=synthetic", f"maintenance_work_mem={memory}"]  # fmt: skip
+    if ann is not None:
+        sets += [f"hnsw_m={ann[0]}", f"hnsw_ef_construction={ann[1]}"]
     loaded, _, rss = job("index_load", env, *sets)
     report = ArtifactStore(root).read_json(loaded["report"].removeprefix(root + "/"))
-    queries = np.random.default_rng(1).standard_normal((1000, 384), dtype=np.float32)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    return {
+    out = {
         "rows": rows,
         "write_seconds": made,
         "load_rows_per_s": report["rows_per_second"],
@@ -177,8 +185,14 @@ def synthetic(
         "build_seconds": report["ann_build_seconds"],
         "loader_peak_rss_mib": rss,
         "ann": report["index"]["ann"],
-        "latency_ms": latency(root, loaded["table"], queries, report["index"]["ann"]["ef_search"]),
     }
+    if ann is None:
+        queries = np.random.default_rng(1).standard_normal((1000, 384), dtype=np.float32)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        out["latency_ms"] = latency(
+            root, loaded["table"], queries, report["index"]["ann"]["ef_search"]
+        )
+    return out
 
 
 def main() -> None:
@@ -188,49 +202,67 @@ def main() -> None:
     parser.add_argument("--synthetic-rows", type=int, default=1_000_000)
     parser.add_argument("--part-rows", type=int, default=50_000)
     parser.add_argument("--memory", default="3GB", help="maintenance_work_mem of the 1M build")
+    parser.add_argument(
+        "--parts",
+        default="real,memory,synthetic",
+        help="which to run: real (100k MiniLM: load, build, recall, latency), memory (the "
+        "loader's peak RSS at 100k and 1M, cheap builds), synthetic (1M: load, build, latency)",
+    )
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    results: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
         env = bench_env(threads, {"EMBEDFRESH_INDEX_DIR": f"{tmp}/pg"})
         os.environ.update({"EMBEDFRESH_INDEX_DIR": f"{tmp}/pg"})
-        results = {"real": real(f"file://{tmp}/real", env, args.real_rows, args.real_shard_rows)}
+        if "real" in parts:
+            results["real"] = real(f"file://{tmp}/real", env, args.real_rows, args.real_shard_rows)
+        if "memory" in parts:
+            for label, rows in (
+                ("memory_small", args.real_rows),
+                ("memory_big", args.synthetic_rows),
+            ):
+                results[label] = synthetic(
+                    f"file://{tmp}/{label}", env, rows, args.part_rows, "256MB", label, ann=(4, 8)
+                )
+        if "synthetic" in parts:
+            results["synthetic"] = synthetic(
+                f"file://{tmp}/big", env, args.synthetic_rows, args.part_rows, args.memory, "big"
+            )
         print(json.dumps(results, indent=1), flush=True)
-        small = synthetic(
-            f"file://{tmp}/small", env, args.real_rows, args.part_rows, "512MB", "small"
+    bullets = [
+        f"command: `{command_line(threads)}`",
+        f"machine: {machine()}; one run of each, on a shared 2-core box while other work "
+        "ran: the load and build figures are this box's under load, not its best",
+    ]
+    rows = []
+    for key, label in (("real", "MiniLM, 384-d"), ("synthetic", "random, 384-d")):
+        if key in results:
+            r = results[key]
+            rows.append([f"{r['rows']:,} ({label})", f"{r['load_rows_per_s']:,.0f}",
+                         f"{r['build_seconds']:.0f}", f"{r['loader_peak_rss_mib']:.0f}",
+                         f"{r['latency_ms']['p50']:.2f} / {r['latency_ms']['p99']:.2f}",
+                         str(r["ann"])])  # fmt: skip
+    if "real" in results:
+        r = results["real"]
+        bullets.append(
+            f"ANN recall@10 against the exact top 10 over the same vectors ({r['queries']} "
+            "eval queries, ties within 1e-3 counted as ann-benchmarks does): "
+            + ", ".join(f"ef_search {ef}: {v:.4f}" for ef, v in r["recall_by_ef"].items())
         )
-        results["synthetic_small"] = small
-        print(json.dumps(small, indent=1), flush=True)
-        results["synthetic"] = synthetic(
-            f"file://{tmp}/big", env, args.synthetic_rows, args.part_rows, args.memory, "big"
+    if "memory_small" in results:
+        s, big = results["memory_small"], results["memory_big"]
+        flat = (big["loader_peak_rss_mib"] - s["loader_peak_rss_mib"]) / s["loader_peak_rss_mib"]
+        bullets.append(
+            f"loader peak RSS (parts of {args.part_rows:,} rows; cheap HNSW builds, which run "
+            f"in the server): {s['rows']:,} rows {s['loader_peak_rss_mib']:.0f} MiB, "
+            f"{big['rows']:,} rows {big['loader_peak_rss_mib']:.0f} MiB ({flat:+.1%}); load "
+            f"{s['load_rows_per_s']:,.0f} and {big['load_rows_per_s']:,.0f} rows/s"
         )
-        print(json.dumps(results["synthetic"], indent=1), flush=True)
-    r, s, big = results["real"], results["synthetic_small"], results["synthetic"]
-    rows = [
-        [f"real {r['rows']:,} (minilm, 384-d)", f"{r['load_rows_per_s']:,.0f}",
-         f"{r['build_seconds']:.0f}", f"{r['loader_peak_rss_mib']:.0f}",
-         f"{r['latency_ms']['p50']:.2f} / {r['latency_ms']['p99']:.2f}"],
-        [f"synthetic {s['rows']:,} (random, 384-d)", f"{s['load_rows_per_s']:,.0f}",
-         f"{s['build_seconds']:.0f}", f"{s['loader_peak_rss_mib']:.0f}",
-         f"{s['latency_ms']['p50']:.2f} / {s['latency_ms']['p99']:.2f}"],
-        [f"synthetic {big['rows']:,} (random, 384-d)", f"{big['load_rows_per_s']:,.0f}",
-         f"{big['build_seconds']:.0f}", f"{big['loader_peak_rss_mib']:.0f}",
-         f"{big['latency_ms']['p50']:.2f} / {big['latency_ms']['p99']:.2f}"],
-    ]  # fmt: skip
-    flat = (big["loader_peak_rss_mib"] - s["loader_peak_rss_mib"]) / s["loader_peak_rss_mib"]
     text = section(
         "Vector index: load, HNSW build, latency, loader memory, ANN recall",
-        [
-            f"command: `{command_line(threads)}`",
-            f"machine: {machine()}; one run of each, on a shared 2-core box while other "
-            "work ran: the load and build figures are this box's under load, not its best",
-            f"HNSW {r['ann']}; the 1M build with maintenance_work_mem {args.memory}",
-            f"loader peak RSS, {big['rows']:,} rows against {s['rows']:,} (parts of "
-            f"{args.part_rows:,} rows): {flat:+.1%}",
-            "ANN recall@10 against the exact top 10 over the same vectors (the real set, "
-            f"{r['queries']} eval queries, ties counted): "
-            + ", ".join(f"ef_search {ef}: {v:.4f}" for ef, v in r["recall_by_ef"].items()),
-        ],
+        bullets,
         [
             table(
                 [
@@ -239,10 +271,13 @@ def main() -> None:
                     "HNSW build s",
                     "loader peak RSS MiB",
                     "query p50 / p99 ms",
+                    "HNSW",
                 ],
                 rows,
             )
-        ],  # fmt: skip
+        ]
+        if rows
+        else [],  # fmt: skip
     )
     print(text)
     if not args.no_append:

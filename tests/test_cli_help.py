@@ -47,9 +47,9 @@ OWN_PARSER = {
         "(default: 10000)",
         "--corpus NAME",
         "--corpus-rows N",
-        "(default: 5000)",
+        "(default: 24000)",
         "--corpus-shard-rows N",
-        "(default: 1000)",
+        "(default: 6000)",
     ],
     "launch": ["--nproc-per-node", "--nnodes"],  # torchrun's own arguments
     "forkserver": ["--socket", "--idle-s"],

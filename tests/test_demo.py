@@ -1,6 +1,7 @@
 """The README's demo, end to end through Airflow: two days of embedding_model_refresh under
-``dag.test()`` (small sizes here), the second training from the model the first promoted,
-and the summary."""
+``dag.test()`` (small sizes here), the second training from the model the first released,
+each day ending with a release in the embedded vector index, and the summary with a
+query searched through the CLI."""
 
 from __future__ import annotations
 
@@ -58,17 +59,30 @@ def test_demo_runs_the_dag_for_two_days_and_day_two_trains_incrementally(tmp_pat
     assert train2["init"]["version"] == day1["run_id"]
     assert train2["data_interval"] == ["2026-01-02", "2026-01-03"]
 
-    # Day 2 either passed its gate and was promoted, or the run failed at the gate and
-    # production stayed at day 1; the summary says which, with the gate's reason.
+    # Day 2 either passed its gate and search check and was released, or the run failed
+    # there and the live release stayed day 1's; the summary says which, with the reason.
     gate2 = json.loads((runs / day2["run_id"] / "reports" / "gate.json").read_text())
     registry = json.loads((folder / "models" / "tiny" / "registry.json").read_text())
-    expected = day2["run_id"] if gate2["verdict"] == "PASS" else day1["run_id"]
-    assert registry["production"]["version"] == expected
-    assert day2["state"] == ("success" if gate2["verdict"] == "PASS" else "failed")
+    released2 = (folder / "models" / "tiny" / "releases" / f"{day2['run_id']}.json").exists()
+    expected = day2["run_id"] if released2 else day1["run_id"]
+    assert registry["production"]["release"] == registry["production"]["version"] == expected
+    assert day2["state"] == ("success" if released2 else "failed")
+    assert (gate2["verdict"] == "PASS") or not released2
     assert f"gate: {gate2['verdict']} vs {day1['run_id']} (production)" in proc.stdout
-    assert f"production: tiny {expected}" in proc.stdout
+    assert f"production: tiny {expected}, release {expected}" in proc.stdout
+    # Day 1's release: its products, loaded in the embedded index under the demo store,
+    # its search check in the summary, and a query searched through the CLI at the end.
+    release1 = json.loads(
+        (folder / "models" / "tiny" / "releases" / f"{day1['run_id']}.json").read_text()
+    )
+    products = release1["corpora"]["products"]
     manifest = folder / "embeddings" / "tiny" / day1["run_id"] / "products" / "_MANIFEST.json"
-    assert f"file://{manifest}" in proc.stdout
+    assert products["embeddings"]["manifest"] == f"file://{manifest}"
+    assert products["index"]["location"] == f"embedded:{folder / '.index' / 'postgres'}"
+    assert "search check: PASS: ANN recall@10" in proc.stdout
+    assert f"products -> {products['index']['table']} ({DATA['corpus_rows']} rows)" in proc.stdout
+    assert "$ python -m embedfresh.jobs.search" in proc.stdout
+    assert "  1  " in proc.stdout.split("$ python -m embedfresh.jobs.search")[1]
     assert "compute-hours" in proc.stdout
     # Every job execution of day 1 left a cost record on its runner's clock; the summary
     # adds them up (the demo's runner is local: one attempt each).

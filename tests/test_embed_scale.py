@@ -82,7 +82,7 @@ def _embed(root: str, corpus: str, leak: bool = False) -> tuple[list[tuple[float
         done = run_job("embed", *sets, f"run_id={corpus}")
     assert done.returncode == 0, done.stderr
     run_id = f"{corpus}-leak" if leak else corpus
-    report = ArtifactStore(root).read_json(layout.report("tiny", run_id, "embed"))
+    report = ArtifactStore(root).read_json(layout.report("tiny", run_id, f"embed-{corpus}"))
     shards = [(float(now), float(peak)) for now, peak in MEMORY.findall(done.stderr)]
     return shards, report["peak_rss_mib"]
 

@@ -356,7 +356,10 @@ def test_a_dag_outside_the_repository_runs_on_the_installed_package(
         ["resolve", -1, "success"],
     ], output
     assert facts["xcom"]["resolve"] == "v7"
-    assert facts["xcom"]["list_shards"] == [[0, 1], [2]]
+    assert facts["xcom"]["list_shards"] == [
+        {"corpus": "products", "shards": [0, 1]},
+        {"corpus": "products", "shards": [2]},
+    ]
     assert facts["xcom"]["health"]["verdict"] == "PASS", facts["xcom"]["health"]
     assert (store / "runs" / "tiny" / "packaged" / "reports" / "health.json").is_file()
 

@@ -62,6 +62,19 @@ pytestmark = pytest.mark.slow
 CORPUS = "catalog"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread for the jobs this module runs in its own process (as
+    tests/conftest.py's job_env gives the ones it starts): on a shared 2-core box two
+    spinning threads make the int8 calibration many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def world(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data set, the ``catalog`` corpus (the eval products, two shards) and the

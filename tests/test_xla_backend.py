@@ -206,7 +206,7 @@ def test_embed_on_xla_matches_cpu_with_one_compile_per_static_shape(
             zip(table["id"].to_pylist(), np.array(table["embedding"].to_pylist()), strict=True)
         )
         if backend == "xla":
-            emb = report(store_root, "emb", "embed")
+            emb = report(store_root, "emb", "embed-products")
     assert vectors["xla"].keys() == vectors["cpu"].keys()
     assert len(vectors["xla"]) == 600
     ids = sorted(vectors["xla"])

@@ -39,6 +39,29 @@ def read_parquet_bytes(data: bytes, url: str) -> pa.Table:
         raise BadInputError(f"{url} is not a readable Parquet file: {e}") from e
 
 
+def large_blocks_back_to_the_os(threshold: int = 1 << 20) -> bool:
+    """Keep every allocation of ``threshold`` bytes or more mmapped, so it goes back to
+    the OS when freed; True when glibc took the setting (no-op elsewhere).
+
+    glibc's malloc raises its mmap threshold each time an mmapped block is freed (up to
+    32 MiB): after the first part of an embedding set is freed, blocks of that size come
+    from the heap and fragment it, and a job that reads part after part holds a
+    high-water mark that creeps with their number (the index load: 481 -> 566 MiB over
+    ten parts of 50,000 rows; 474 -> 478 with the threshold fixed, docs/BENCHMARKS.md).
+    ``mallopt(M_MMAP_THRESHOLD)`` fixes it, and turns the adjustment off."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # <malloc.h>
+    return bool(mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(threshold)))
+
+
 @contextlib.contextmanager
 def system_memory_pool() -> Iterator[None]:
     """Arrow allocates from the C allocator while inside (every thread: the pool is

@@ -89,8 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         type=_count,
         default=CATALOGUE_SIZE,
-        help="texts in the corpus; the default is the whole product catalogue, so every eval "
-        "query's relevant products are in it (what the search check measures)",
+        help="texts in the corpus; the default: every catalogue product",
     )
     add("--corpus-shard-rows", metavar="N", type=_count, default=6000, help="texts per shard")
     return parser

@@ -25,16 +25,19 @@ the lease. Progress (rows, rate, ETA) is logged every 30 s or 5%.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from typing import Any
 
 from embedfresh.core import layout
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import IndexLoadConfig
-from embedfresh.core.embedding_sets import id_type, iter_parts, read_embedding_set
+from embedfresh.core.embedding_sets import id_type, read_embedding_set, read_part
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index import AnnSettings, TableSpec, open_index, table_name
+from embedfresh.core.parquet import large_blocks_back_to_the_os, system_memory_pool
 from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
 
@@ -47,6 +50,16 @@ def report_kind(corpus: str) -> str:
 
 def index_load(cfg: IndexLoadConfig) -> dict[str, Any]:
     """Load the release's embedding set into its table of the vector index, then index it."""
+    # Arrow on the C allocator, as the embed job, and the C allocator handing each
+    # part's buffers back to the OS: otherwise the high-water mark creeps with the
+    # number of parts read (+9.7% from 100k to 1M rows, docs/BENCHMARKS.md).
+    large_blocks_back_to_the_os()
+    chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
+    with contextlib.nullcontext() if chosen else system_memory_pool():
+        return _load(cfg)
+
+
+def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
     eset = read_embedding_set(store, cfg.model, cfg.target_version, cfg.corpus)
@@ -87,9 +100,11 @@ def index_load(cfg: IndexLoadConfig) -> dict[str, Any]:
                 len(loaded), len(eset.parts), eset.manifest_url, spec.name, len(todo),
             )  # fmt: skip
         progress = Progress(f"loading {spec.name}", pending_rows, log=log)
-        for name, ids, vectors in iter_parts(store, eset, skip=set(loaded)):
+        for name in todo:  # one part in memory at a time: the loader's memory is flat
+            ids, vectors = read_part(store, eset, name)
             index.load_shard(spec.name, name, eset.parts[name]["sha256"], ids, vectors)
             progress.advance(len(ids))
+            del ids, vectors
         load_seconds = progress.finish()
         rows = index.count(spec.name)
         if rows != eset.rows:

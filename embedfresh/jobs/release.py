@@ -42,8 +42,7 @@ log = logging.getLogger("embedfresh.jobs.release")
 #: The search check's figures a release keeps (the whole report stays in the run).
 CHECK_FIGURES = (
     "verdict", "reason", "queries", "queries_judged", "queries_left_out", "ann_recall",
-    "min_ann_recall",
-    "recall_at_10", "latency_ms", "dataset",
+    "min_ann_recall", "recall_at_10", "latency_ms", "dataset",
 )  # fmt: skip
 
 

@@ -32,7 +32,14 @@ from embedfresh.core.cli import run_job as run_in_process
 from embedfresh.core.config import ReleaseConfig, RollbackConfig, load_config
 from embedfresh.core.exit_codes import BadInputError, ConflictError, ExitCode
 from embedfresh.core.registry import PROMOTE_ANYWAY, Registry
-from embedfresh.core.releases import kept_releases, live_release, read_release, release_history
+from embedfresh.core.releases import (
+    kept_releases,
+    live_release,
+    read_release,
+    release_doc,
+    release_history,
+    write_release,
+)
 from embedfresh.core.settings import KEEP_RELEASES_ENV
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.release import release
@@ -304,11 +311,20 @@ def test_rollback_to_a_release_never_live_is_refused(local):
     assert registry_bytes(local) is None
 
     released(local, ("first", "v1"), ("second", "v2"))
-    # A release written whose move lost: its document exists, it never went live.
+    # A release gated against a production that moved is refused before its document is
+    # written; a document that exists but never went live (written by hand, or by an
+    # older embedfresh whose move lost) is no rollback target either.
     write_gate(local, "stale", "v3", "v1")
     with pytest.raises(ConflictError):
         release_run(local, "stale", "v3")
-    assert local.exists(layout.release(MODEL, "stale"))
+    assert not local.exists(layout.release(MODEL, "stale"))
+    write_release(
+        local,
+        release_doc(
+            model=MODEL, release="stale", version="v3", version_url="", run_id="stale",
+            action="promote", corpora={}, created_at="2026-11-28T00:00:00+00:00",
+        ),
+    )  # fmt: skip
     before = registry_bytes(local)
     for target in ("stale", "v3", "nope"):  # never live; a version, not a release; nothing
         with pytest.raises(BadInputError) as exc:
@@ -459,8 +475,9 @@ def test_promote_anyway_refuses_damaged_missing_and_live_releases(local):
             action=PROMOTE_ANYWAY,
             details={"run_id": "override-live", "who": "bob", "why": "again"},
         )
-    # Through the job, the live release's own run id: its document says otherwise.
-    with pytest.raises(ConflictError, match=r"first\.json exists with other contents"):
+    # Through the job, under the live release's own run id: refused before anything
+    # is written.
+    with pytest.raises(BadInputError, match="cannot promote tiny release first anyway: it is live"):
         release(anyway_cfg(local, "v1", run_id="first"))
     assert registry_bytes(local) == before
 

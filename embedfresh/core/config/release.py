@@ -165,12 +165,17 @@ class ReleaseConfig(JobConfig):
             raise ValueError("corpora must not repeat a corpus")
         return v
 
-    @field_validator("reason", "who")
+    @field_validator("reason")
     @classmethod
-    def _not_blank(cls, v: str | None) -> str | None:
-        if v is not None and not v.strip():
+    def _reason(cls, v: str | None) -> str | None:
+        return (v.strip() or None) if v is not None else None  # blank: none given
+
+    @field_validator("who")
+    @classmethod
+    def _who(cls, v: str) -> str:
+        if not v.strip():
             raise ValueError("must not be blank")
-        return None if v is None else v.strip()
+        return v.strip()
 
     @model_validator(mode="after")
     def _override_has_a_reason(self) -> ReleaseConfig:
