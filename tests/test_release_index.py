@@ -32,6 +32,7 @@ from embedfresh.core.config import (
     EmbedConfig,
     GarbageCollectConfig,
     IndexLoadConfig,
+    ReleaseConfig,
     RollbackConfig,
     SearchCheckConfig,
 )
@@ -46,6 +47,7 @@ from embedfresh.jobs.embed import embed
 from embedfresh.jobs.embed_verify import verify
 from embedfresh.jobs.garbage_collect import garbage_collect
 from embedfresh.jobs.index_load import index_load
+from embedfresh.jobs.release import release
 from embedfresh.jobs.rollback import rollback
 from embedfresh.jobs.search_check import search_check
 from embedfresh.ml.checkpoint import cpu_state_dict
@@ -250,17 +252,33 @@ def test_a_corpus_id_missing_from_the_table_fails_the_check_naming_it(store, ind
     assert str(victim) in checked.stderr and "lacks 1 id" in checked.stderr
 
 
-def test_an_index_that_is_not_faithful_fails_the_check_and_makes_no_release(store):
+def test_an_index_not_faithful_at_its_ef_search_is_searched_wider_or_refused(store):
+    """A table loaded to search one candidate (ef_search 1) is not faithful. Forbidden to
+    search wider (max_ef_search 1), the check exits 3 and no release is made; allowed,
+    it doubles ef_search until the table is, and the release records that ef_search."""
     loaded(store, "r1", "t1", ef_search=1, hnsw_m=2, hnsw_ef_construction=4)
     write_pass_gate(store, "tiny", "r1", "t1")
-    checked = run_job("search_check", f"artifact_root={store.root}", "run_id=r1", "version=t1",
-                      f"corpus={CORPUS}", "min_ann_recall=0.999")  # fmt: skip
-    assert checked.returncode == 3, checked.stderr[-2000:]
+    argv = [f"--set=artifact_root={store.root}", "--set=run_id=r1", "--set=version=t1"]
+    check = [*argv, f"--set=corpus={CORPUS}"]
+    code = run_in_process("search_check", SearchCheckConfig, search_check,
+                          [*check, "--set=max_ef_search=1"])  # fmt: skip
     report = store.read_json(layout.report("tiny", "r1", f"search-{CORPUS}"))
-    assert report["ann_verdict"] == "FAIL" and report["ann_recall"] < 0.999
-    refused = run_job("release", f"artifact_root={store.root}", "run_id=r1", "version=t1",
-                      f'corpora=["{CORPUS}"]')  # fmt: skip
-    assert refused.returncode == 3 and live_release(store, "tiny") is None
+    assert code == ExitCode.GATE_REFUSED and report["ann_verdict"] == "FAIL"
+    assert [t["ef_search"] for t in report["ann_recall_by_ef_search"]] == [1]
+    assert report["ann_recall"] < 0.95
+    assert "even at ef_search 1" in report["reason"]
+    refused = run_in_process("release", ReleaseConfig, release,
+                             [*argv, f'--set=corpora=["{CORPUS}"]'])  # fmt: skip
+    assert refused == ExitCode.GATE_REFUSED and live_release(store, "tiny") is None
+
+    assert run_in_process("search_check", SearchCheckConfig, search_check, check) == 0
+    report = store.read_json(layout.report("tiny", "r1", f"search-{CORPUS}"))
+    tried = {t["ef_search"]: t["ann_recall"] for t in report["ann_recall_by_ef_search"]}
+    chosen = report["index"]["ann"]["ef_search"]
+    assert chosen == max(tried) > 1 and list(tried) == [2**i for i in range(len(tried))]
+    assert tried[chosen] >= 0.95 > max(r for ef, r in tried.items() if ef < chosen)
+    run_in_process("release", ReleaseConfig, release, [*argv, f'--set=corpora=["{CORPUS}"]'])
+    assert live_release(store, "tiny").corpus(CORPUS).index["ann"]["ef_search"] == chosen
 
 
 def test_search_no_worse_first_reported_then_paired_and_a_worse_model_is_refused(store):

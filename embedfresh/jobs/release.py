@@ -42,6 +42,7 @@ log = logging.getLogger("embedfresh.jobs.release")
 #: The search check's figures a release keeps (the whole report stays in the run).
 CHECK_FIGURES = (
     "verdict", "reason", "queries", "queries_judged", "queries_left_out", "ann_recall",
+    "ann_recall_by_ef_search",
     "min_ann_recall", "recall_at_10", "latency_ms", "dataset",
 )  # fmt: skip
 
@@ -202,7 +203,11 @@ def _corpus(
         rows=eset.rows,
         hidden=eset.hidden,
         settings=eset.settings,
-        index={**load["index"], "live_view": live_view_name(cfg.model, corpus)},
+        index={
+            **load["index"],
+            "ann": check["index"]["ann"],  # with the ef_search the check found faithful
+            "live_view": live_view_name(cfg.model, corpus),
+        },
         search_check={
             **{k: check.get(k) for k in CHECK_FIGURES},
             "compared_with": (check.get("regression") or {}).get("with"),

@@ -29,7 +29,8 @@ class AnnConfig(JobConfig):
     """HNSW candidate list while building (pgvector's default 64; at least 2 x hnsw_m)."""
     ef_search: int = Field(default=100, ge=1, le=1000)
     """HNSW candidate list while searching (pgvector's default 40): recall against
-    latency. Recorded in the release: its search service should search with it."""
+    latency. The search check raises it where the table needs more to be faithful
+    (``max_ef_search``); the release records what its search service should use."""
     maintenance_work_mem: str = "256MB"
     """Memory the HNSW build may use (PostgreSQL units: kB, MB, GB); a graph that does
     not fit builds far slower (docs/BENCHMARKS.md, "Vector index")."""
@@ -85,7 +86,11 @@ class SearchCheckConfig(_ReleaseCorpusConfig):
     min_ann_recall: float = Field(default=0.95, gt=0, le=1)
     """The index is faithful when its top 10 holds at least this share of the exact top 10
     over the same vectors, averaged over the queries (searched with the ``ef_search``
-    the table was loaded with)."""
+    the table was loaded with, raised up to ``max_ef_search`` where needed)."""
+    max_ef_search: int = Field(default=1000, ge=1, le=1000)
+    """When the table is not faithful at the ``ef_search`` it was loaded with, the check
+    doubles ``ef_search`` up to this (pgvector's most: 1000) and the release records the
+    smallest that was; set it to the load's ``ef_search`` to forbid raising it."""
     regression: Literal["enforce", "report"] = "enforce"
     """``enforce``: search must be no worse than the live release's (the gate's paired
     bootstrap and 0.1% non-inferiority rule; exit 3 otherwise); ``report``: the
