@@ -1,5 +1,5 @@
 """Search the live index for a query: ``python -m embedfresh.jobs.search --set query="red
-running shoes" [--set corpus=products] [--set k=5] [--set release=R]``.
+running shoes" [--set corpus=C] [--set k=5] [--set release=R]``.
 
 A smoke test a person can run: reads the live release of ``model`` (or the release
 named), embeds the query with that release's own query encoder and searches that
@@ -23,7 +23,7 @@ from embedfresh.core.config import SearchConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index import open_index
 from embedfresh.core.parquet import read_parquet
-from embedfresh.core.releases import live_release, read_release
+from embedfresh.core.releases import Release, live_release, read_release
 from embedfresh.core.shards import corpus_shards
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.query import ReleaseEncoder
@@ -40,15 +40,16 @@ def search(cfg: SearchConfig) -> dict[str, Any]:
             raise BadInputError(f"model {cfg.model} has no live release in {store.url()}")
     else:
         release = read_release(store, cfg.model, cfg.release)
-    entry = release.corpus(cfg.corpus)
-    encoder = ReleaseEncoder.for_release(store, release, cfg.corpus)
+    corpus = cfg.corpus or _only_corpus(release)
+    entry = release.corpus(corpus)
+    encoder = ReleaseEncoder.for_release(store, release, corpus)
     vector = encoder.queries([cfg.query])
     with open_index(cfg.artifact_root) as index:
         found = index.search(
             entry.table, vector, cfg.k, ef_search=entry.index.get("ann", {}).get("ef_search")
         )
     ids, distances = found.ids[0], found.distances[0]
-    texts = _texts(store, cfg.corpus, ids)
+    texts = _texts(store, corpus, ids)
     print(
         f"release {release.release} (version {release.version}), table {entry.table}: {cfg.query!r}"
     )
@@ -64,12 +65,28 @@ def search(cfg: SearchConfig) -> dict[str, Any]:
     return {
         "release": release.release,
         "version": release.version,
-        "corpus": cfg.corpus,
+        "corpus": corpus,
         "table": entry.table,
         "query": cfg.query,
         "latency_ms": round(float(found.seconds[0]) * 1000, 3),
         "results": results,
     }
+
+
+def _only_corpus(release: Release) -> str:
+    """The corpus of a release that has one.
+
+    :raises BadInputError: it has none, or several (named: pick one with ``corpus=``).
+    """
+    if len(release.corpora) == 1:
+        return next(iter(release.corpora))
+    what = f"release {release.release}" if release.release else f"production {release.version}"
+    if not release.corpora:
+        raise BadInputError(f"{what} of {release.model} has no corpus: nothing to search")
+    raise BadInputError(
+        f"{what} of {release.model} has corpora {', '.join(release.corpora)}: name the one "
+        "to search (--set corpus=...)"
+    )
 
 
 def _texts(store: ArtifactStore, corpus: str, ids: np.ndarray) -> dict[Any, str]:

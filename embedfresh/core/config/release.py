@@ -232,8 +232,9 @@ class SearchConfig(JobConfig):
 
     query: str = Field(min_length=1)
     """The query text (the model's query prompt is put before it)."""
-    corpus: str = "products"
-    """The corpus searched."""
+    corpus: str | None = None
+    """The corpus searched; default: the release's only corpus (a release of several
+    needs it named)."""
     release: str | None = None
     """A release id; default: the live one."""
     k: int = Field(default=10, ge=1, le=1000)
