@@ -4,6 +4,7 @@ jobs that stream many of them (torch-free)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -80,3 +81,11 @@ def system_memory_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
+
+
+def job_memory_pool() -> contextlib.AbstractContextManager[None]:
+    """A job's Arrow pool: the C allocator (:func:`system_memory_pool`), unless the
+    operator chose one with ``ARROW_DEFAULT_MEMORY_POOL``."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return contextlib.nullcontext()
+    return system_memory_pool()

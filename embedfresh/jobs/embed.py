@@ -38,7 +38,6 @@ release from the changed corpus instead.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -60,7 +59,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.embed_plan import EmbedPlan, read_plan, slice_count, write_plan
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
-from embedfresh.core.parquet import system_memory_pool
+from embedfresh.core.parquet import job_memory_pool
 from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
     MANIFEST,
@@ -171,9 +170,8 @@ class _Prefetcher:
 def embed(cfg: EmbedConfig) -> dict[str, Any]:
     """Embed corpus shards with a model version; skip shards already committed."""
     # Arrow on the C allocator: its default pool's high-water mark creeps with the number
-    # of shards read. ARROW_DEFAULT_MEMORY_POOL, when set, is the operator's choice.
-    chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
-    with contextlib.nullcontext() if chosen else system_memory_pool():
+    # of shards read.
+    with job_memory_pool():
         return _embed(cfg)
 
 

@@ -25,9 +25,7 @@ the lease. Progress (rows, rate, ETA) is logged every 30 s or 5%.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from typing import Any
 
@@ -37,7 +35,7 @@ from embedfresh.core.config import IndexLoadConfig
 from embedfresh.core.embedding_sets import id_type, read_embedding_set, read_part
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index import AnnSettings, TableSpec, open_index, table_name
-from embedfresh.core.parquet import large_blocks_back_to_the_os, system_memory_pool
+from embedfresh.core.parquet import job_memory_pool, large_blocks_back_to_the_os
 from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
 
@@ -54,8 +52,7 @@ def index_load(cfg: IndexLoadConfig) -> dict[str, Any]:
     # part's buffers back to the OS: otherwise the high-water mark creeps with the
     # number of parts read (+9.7% from 100k to 1M rows, docs/BENCHMARKS.md).
     large_blocks_back_to_the_os()
-    chosen = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
-    with contextlib.nullcontext() if chosen else system_memory_pool():
+    with job_memory_pool():
         return _load(cfg)
 
 
