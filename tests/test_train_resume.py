@@ -110,6 +110,7 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(root, reference, seed):
     summary = train(root, run_id)
     assert summary["resumed_from"] is not None, "the restart did not resume"
     assert 0 < summary["resumed_from"]["step"] < 64
+    assert summary["resumed_from"]["kernels_changed"] == []  # the same thread count
     assert weights_sha(root, run_id) == reference
 
 
@@ -119,3 +120,17 @@ def test_two_kills_in_one_run_still_bit_exact(root, reference):
     summary = train(root, "twice")
     assert summary["resumed_from"]["step"] >= 28
     assert weights_sha(root, "twice") == reference
+
+
+def test_a_resume_under_another_thread_count_says_it_is_not_bit_exact(root):
+    """The checkpoint records the kernels' thread count; a resume under another one still
+    finishes, but says its weights are no longer bit-exact and how to restore that."""
+    train_until_killed(root, "threads", 10, env={"OMP_NUM_THREADS": "1"})
+    result = run_job(
+        "train", f"artifact_root={root}", "run_id=threads", *TRAIN, env={"OMP_NUM_THREADS": "2"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from"]["kernels_changed"] == ["threads 1 -> 2"]
+    assert "will not be bit-exact with an uninterrupted run's" in result.stderr
+    assert "OMP_NUM_THREADS=1" in result.stderr

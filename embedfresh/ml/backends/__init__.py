@@ -21,6 +21,7 @@ import torch
 
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.settings import AUTO_BACKEND, BACKEND_IMPLEMENTATIONS, load_implementation
+from embedfresh.ml import threads
 from embedfresh.ml.backends.base import Backend
 
 __all__ = [
@@ -117,6 +118,7 @@ def get_backend(name: str) -> Backend:
         device the backend needs is not usable here.
     """
     name = resolve_name(name)
+    threads.apply()  # before the job's first torch op: the CPUs it is given, not the host's
     return _implementation(name).create(name)
 
 

@@ -174,4 +174,7 @@ class Backend(abc.ABC):
             "device": str(self.device),
             "torch": torch.__version__,
             "world_size": self.world_size,
+            # The sums' order, hence the last bits of every result, follows the thread
+            # count: a resume under another count is no longer bit-exact (checkpoints).
+            "threads": torch.get_num_threads(),
         }

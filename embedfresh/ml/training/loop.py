@@ -34,7 +34,7 @@ from embedfresh.ml.training.data import RankBatches, TrainingSet
 from embedfresh.ml.training.eval_points import EvalPoints
 from embedfresh.ml.training.plan import TrainPlan
 from embedfresh.ml.training.preemption import Preemption, Stop, grace_seconds
-from embedfresh.ml.training.state import TrainState, checkpoint_state, rng_state
+from embedfresh.ml.training.state import TrainState, checkpoint_state, kernel_route, rng_state
 
 # The train job's logger: its log lines read the same wherever the code lives (tests
 # and operators wait for "step N/M", "checkpoint step N committed" and "SIGTERM: stopped
@@ -227,7 +227,10 @@ class Trainer:
                 state.step,
                 cpu_state_dict(self.model),
                 checkpoint_state(self.optimizer, self.schedule, rngs, backend.world_size),
-                state.meta(evaluating=self.evaluator is not None),
+                {
+                    **state.meta(evaluating=self.evaluator is not None),
+                    "kernels": kernel_route(backend),
+                },
                 force=force,
             )
             log.info("checkpoint step %d committed at %s", state.step, url)

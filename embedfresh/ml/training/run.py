@@ -46,7 +46,12 @@ from embedfresh.ml.training.init import prepare_compile, resolve_init, set_dropo
 from embedfresh.ml.training.loop import Forward, LoopStats, ScoreAndEmbed, Trainer
 from embedfresh.ml.training.optim import make_optimizer, make_schedule
 from embedfresh.ml.training.plan import TrainPlan
-from embedfresh.ml.training.state import TrainState, restore_checkpoint_state
+from embedfresh.ml.training.state import (
+    TrainState,
+    kernel_route,
+    restore_checkpoint_state,
+    route_changes,
+)
 
 # The train job's logger: its log lines read the same wherever the code lives (tests
 # wait for "resuming from ... (step N)").
@@ -58,7 +63,8 @@ class Fitted:
     """A run's training done on this rank.
 
     :param first_step: the step this attempt started from (0, or the checkpoint's).
-    :param resumed_from: ``{step, url}`` of the checkpoint it resumed from, else None.
+    :param resumed_from: ``{step, url, kernels_changed}`` of the checkpoint it resumed
+        from (``kernels_changed``: what differs from its kernel route), else None.
     """
 
     model: RelevanceModel
@@ -236,7 +242,16 @@ class TrainingRun:
         )
         first_step = state.step
         stats = trainer.run(state)
-        resumed_from = None if checkpoint is None else {"step": first_step, "url": checkpoint.url}
+        resumed_from = None
+        if checkpoint is not None:
+            resumed_from = {
+                "step": first_step,
+                "url": checkpoint.url,
+                # Non-empty: this run's weights are not bit-exact with an uninterrupted run.
+                "kernels_changed": route_changes(
+                    checkpoint.meta.get("kernels"), kernel_route(backend)
+                ),
+            }
         return Fitted(model, state, first_step, resumed_from, stats, evaluator)
 
     def _start_weights(self, model: RelevanceModel, checkpoint: Checkpoint | None) -> TrainState:
@@ -246,6 +261,17 @@ class TrainingRun:
         if checkpoint is not None:
             model.load_state_dict(checkpoint.weights, strict=True)
             log.info("resuming from %s (step %d)", checkpoint.url, checkpoint.step)
+            changes = route_changes(checkpoint.meta.get("kernels"), kernel_route(self.backend))
+            if changes:
+                log.warning(
+                    "checkpoint step %d was written under other kernels (%s): this run's "
+                    "weights will not be bit-exact with an uninterrupted run's. To restore "
+                    "it, resume on the same device and torch with OMP_NUM_THREADS=%d "
+                    "(or EMBEDFRESH_THREADS) as the interrupted attempt ran",
+                    checkpoint.step,
+                    ", ".join(changes),
+                    checkpoint.meta["kernels"].get("threads", 1),
+                )
             return TrainState.resume(checkpoint, plan.per_epoch, plan.samples_per_step)
         init = resolve_init(self.cfg, self.store, model)
         log.info("starting from %s", init)

@@ -81,6 +81,31 @@ class TrainState:
         }
 
 
+def kernel_route(backend: Backend) -> dict[str, Any]:
+    """What decides the order of a step's sums, hence the last bits of the weights: the
+    device, torch's version, its CPU kernels' vector ISA and the intra-op thread count.
+    A checkpoint records it; a resume under another one is no longer bit-exact with an
+    uninterrupted run (:func:`route_changes`)."""
+    return {
+        "device": backend.device.type,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def route_changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """``"threads 2 -> 1"`` for each part of :func:`kernel_route` that differs from the
+    checkpoint's record ([] for a checkpoint written before it was recorded)."""
+    if not recorded:
+        return []
+    return [
+        f"{name} {recorded[name]} -> {current[name]}"
+        for name in current
+        if name in recorded and recorded[name] != current[name]
+    ]
+
+
 def checkpoint_state(
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
