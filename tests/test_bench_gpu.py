@@ -5,6 +5,7 @@ counting against a matmul peak) runs for real on the CPU at toy sizes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,10 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "gpu.py"
 
 
-def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, script: Path = BENCH, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env}
     return subprocess.run(
-        [sys.executable, str(BENCH), *args],
+        [sys.executable, str(script), *args],
         cwd=ROOT,
         env=environment,
         capture_output=True,
@@ -57,3 +58,14 @@ def test_its_parts_run_on_the_cpu_at_toy_sizes(tmp_path: Path) -> None:
     assert all(float(r[4]) > 0 and 0 < int(r[5]) <= 100 for r in rows), rows
     # a smoke run never adds figures to the benchmark record
     assert (ROOT / "docs" / "BENCHMARKS.md").read_text() == before
+
+
+def test_the_reproducibility_check_runs_on_the_cpu() -> None:
+    """``bench/reproducible.py``, the GPU session's killed-and-clean check, kept runnable:
+    its train check (kill, resume, compare the weights' sha256) on the cpu backend."""
+    reproducible = ROOT / "bench" / "reproducible.py"
+    done = _run("--backend", "cpu", "--checks", "train", script=reproducible)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    line = json.loads(done.stdout.splitlines()[0])
+    assert line["ok"] and line["sha256_through"] == line["sha256_resumed"], line
+    assert 0 < line["resumed_from"] < line["killed_after_step"], line

@@ -31,3 +31,20 @@ class EagerBackend(Backend):
         backend = cls(name, torch.device(name))
         backend.start_distributed()
         return backend
+
+    def device_rng_state(self) -> torch.Tensor | None:
+        """CUDA's own generator (dropout masks on the GPU draw from it, not from the CPU
+        generator ``torch.get_rng_state`` saves): without it a resumed run's weights
+        differed from an uninterrupted run's (an H200, docs/BENCHMARKS.md, 2026-11-28)."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.get_rng_state(self.device)
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+
+    def seed(self, seed: int) -> None:
+        """Per rank, as the loop's ``torch.manual_seed(seed + rank)`` seeded it."""
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed + self.rank)
