@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -353,3 +354,51 @@ def test_dag_import_check_bites(source: str, expected: list[str]):
     assert len(found) == len(expected), found
     for line, prefix in zip(found, expected, strict=True):
         assert line.startswith(prefix), (line, prefix)
+
+
+#: A private torch op (``torch.ops.<namespace>._name``) or anything under ``torch._C``:
+#: neither is a public API, and each can break on the next torch (issue 38).
+PRIVATE_TORCH = re.compile(r"torch\.ops\.\w+\._\w+|torch\._C\b")
+
+
+def private_torch_calls(source: str) -> list[str]:
+    """Private torch ops and ``torch._C`` names used by the code in ``source`` (names in
+    comments and docstrings are not calls: the AST's attribute chains are read)."""
+    tree = ast.parse(source)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    chains = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and id(n) not in inner
+    ]
+    return sorted({chain for chain in chains if PRIVATE_TORCH.match(chain)})
+
+
+def test_the_product_calls_no_private_torch_op():
+    product = [
+        path
+        for folder in ("embedfresh", "operators", "plugins", "dags")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+    calls = {
+        str(p.relative_to(ROOT)): found
+        for p in product
+        if (found := private_torch_calls(p.read_text()))
+    }
+    assert calls == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], '')",
+            ["torch.ops.mkldnn._linear_pointwise"],
+        ),
+        ("ok = torch._C._cpu._is_amx_tile_supported()", ["torch._C._cpu._is_amx_tile_supported"]),
+        ("torch.ops.aten.gelu_(x)  # torch._C in a comment", []),
+        ('"""torch.ops.mkldnn._reorder_linear_weight in a docstring"""', []),
+    ],
+)
+def test_private_torch_check_bites(source: str, expected: list[str]):
+    assert private_torch_calls(source) == expected

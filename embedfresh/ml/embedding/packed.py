@@ -9,10 +9,11 @@ same weights, mask and pooling (vectors equal to float rounding, cosine > 0.9999
   ``[rows, heads, length, head_dim]`` shape for ``scaled_dot_product_attention`` and
   gathers the result back. Measured on the benchmark texts (1 thread, CPU time):
   1.15x, against 1.19x for no padding at all.
-- On AVX-512 AMD CPUs, linear layers go to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
-  GELU fused, weights reordered once into its own layout: :class:`OneDnnLinear`) rather
-  than to MKL's sgemm or ``addmm_``. On Intel CPUs and AVX2-only ones MKL is as fast or
-  faster (:func:`onednn_is_faster`).
+- On AVX-512 AMD CPUs, linear layers go to oneDNN with their weights reordered once into
+  its own layout (``torch.utils.mkldnn.MkldnnLinear``: :class:`OneDnnLinear`) rather than
+  to MKL's sgemm or ``addmm_``. On Intel CPUs and AVX2-only ones MKL is as fast or
+  faster (:func:`onednn_is_faster`). Public APIs only: an earlier version called
+  oneDNN's private ops (``mkldnn._linear_pointwise``), which a torch upgrade can break.
 - Query, key and value run as one fused GEMM (:func:`fuse_qkv`); every GEMM runs in
   fixed-shape chunks, on MKL accumulated into its output, the attention output's and the
   FFN output's onto their residual (no separate add). :func:`prepare` lays the weights
@@ -53,7 +54,6 @@ def onednn_is_faster() -> bool:
         torch.backends.cpu.get_cpu_capability().startswith("AVX512")
         and cpuinfo.field("vendor_id") != "GenuineIntel"
         and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
@@ -71,11 +71,19 @@ CHUNKED_DTYPES = (torch.float32, torch.bfloat16)
 ``quantize=bf16`` fast mode, AMX/AVX512-BF16 GEMMs through oneDNN)."""
 
 
+ONEDNN_BF16_FLAGS = ({"avx512bw", "avx512vl", "avx512dq"}, {"avx_ne_convert"})
+"""``/proc/cpuinfo`` flags of which oneDNN needs one set for bf16 (its own check, read from
+the flags: torch's probe of it is private)."""
+
+
 def onednn_has(dtype: torch.dtype) -> bool:
     """Whether oneDNN has a GEMM path for ``dtype`` on this CPU: fp32 everywhere, bf16 only
     with AVX512-BW/VL/DQ or AVX-NE-CONVERT (its weight reorder refuses bf16 on an
     AVX2-only CPU)."""
-    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype != torch.bfloat16:
+        return True
+    flags = set(cpuinfo.field("flags").split())
+    return any(needed <= flags for needed in ONEDNN_BF16_FLAGS)
 
 
 def _dense(module: nn.Module) -> bool:
@@ -84,31 +92,33 @@ def _dense(module: nn.Module) -> bool:
 
 class OneDnnLinear:
     """A dense CPU layer as oneDNN runs it: its weight reordered once into oneDNN's own
-    blocked layout (``torch.ops.mkldnn._reorder_linear_weight``), as inductor's frozen
-    graphs keep theirs. Handed the plain ``[out, in]`` weight, oneDNN reorders it on every
-    call: on a 2-core AVX-512 AMD EPYC, GEMMs of minilm's shapes ran 10-38% faster
-    reordered once (fp32, 2 threads: 189 against 137 GFLOP/s for the FFN's output layer),
-    and the packed fp32 forward 12% faster end to end (2026-11-27, docs/BENCHMARKS.md).
-    The same function; the sums' order differs (within 1e-5 of the plain weight's)."""
+    blocked layout (``torch.utils.mkldnn.MkldnnLinear``), as inductor's frozen graphs keep
+    theirs. Handed the plain ``[out, in]`` weight, oneDNN reorders it on every call: on a
+    2-core AVX-512 AMD EPYC, GEMMs of minilm's shapes ran 10-38% faster reordered once
+    (fp32, 2 threads: 189 against 137 GFLOP/s for the FFN's output layer), and the packed
+    fp32 forward 12% faster end to end (2026-11-27, docs/BENCHMARKS.md). The same
+    function; the sums' order differs (within 1e-5 of the plain weight's)."""
 
     def __init__(self, layer: nn.Linear) -> None:
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)
-        self.bias = None if layer.bias is None else layer.bias.detach()
+        from torch.utils.mkldnn import MkldnnLinear
+
+        self.module = MkldnnLinear(layer, layer.weight.dtype)
         self.out_features = layer.out_features
 
 
 def _onednn_linear(
     x: torch.Tensor, layer: OneDnnLinear, gelu: bool, residual: torch.Tensor | None
 ) -> torch.Tensor:
-    """``layer(x)`` (GELU fused, or plus ``residual``) in chunks of at most ``CHUNK_ROWS``
-    rows, written out chunk by chunk."""
-    attr, algorithm = ("gelu", "none") if gelu else ("none", "")
+    """``layer(x)`` (then exact GELU, or plus ``residual``) in chunks of at most
+    ``CHUNK_ROWS`` rows, written out chunk by chunk."""
     out = x.new_empty(x.shape[0], layer.out_features)
     for start in range(0, x.shape[0], CHUNK_ROWS):
         part = x[start : start + CHUNK_ROWS]
         end = start + part.shape[0]
-        y = torch.ops.mkldnn._linear_pointwise(part, layer.weight, layer.bias, attr, [], algorithm)
-        if residual is None:
+        y = layer.module(part)
+        if gelu:
+            out[start:end] = F.gelu(y)
+        elif residual is None:
             out[start:end] = y
         else:
             torch.add(y, residual[start:end], out=out[start:end])

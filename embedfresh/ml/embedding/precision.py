@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embedfresh.core import cpuinfo
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.ml.embedding.bucketing import VariableTokenizer
 from embedfresh.ml.embedding.encode import embed_texts
@@ -67,11 +68,12 @@ BF16_BACKENDS = ("cpu", "cuda")
 
 def native_bf16(backend: Backend) -> bool:
     """Whether ``backend``'s device runs bf16 GEMMs in hardware: AMX or AVX512-BF16 on a
-    CPU (torch's own probes), compute capability 8.0+ on an NVIDIA GPU."""
+    CPU (its ``/proc/cpuinfo`` flags: torch's own probes are private), compute capability
+    8.0+ on an NVIDIA GPU."""
     if backend.device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    cpu = torch._C._cpu
-    return bool(cpu._is_amx_tile_supported() or cpu._is_avx512_bf16_supported())
+    flags = set(cpuinfo.field("flags").split())
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
 
 
 def to_bf16(model: RelevanceModel, backend: Backend) -> tuple[RelevanceModel, dict[str, Any]]:
