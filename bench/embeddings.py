@@ -11,7 +11,9 @@ subset in the first round, the best one timed on all texts), ``ours-fp32``,
 ``ours-int8`` and ``ours-bf16`` (length bucketing + the unpadded forward of
 :mod:`embedfresh.ml.embedding.packed`, as the embed job runs it, in memory, no store) and
 ``ours-fp32-padded`` (the same buckets through the padded ``model.embed``: what packing
-adds). Both sides truncate at 256 tokens (the shipped model's
+adds), ``ours-fp32-compiled`` (the embed job's ``compile=true``: the padded forward under
+torch.compile, static batches in the job's default buckets; its first pass compiles and is
+timed apart). Both sides truncate at 256 tokens (the shipped model's
 ``max_seq_length``). The variants are interleaved: each round runs every variant once
 (one untimed warm-up batch, then one timed pass over all texts), so load from other
 work on a shared machine hits all of them alike; the median over rounds is reported.
@@ -44,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TIMED = ("st", "ours-fp32", "ours-fp32-padded", "ours-int8", "ours-bf16")
+TIMED = ("st", "ours-fp32", "ours-fp32-padded", "ours-fp32-compiled", "ours-int8", "ours-bf16")
 FAST_MODES = ("bf16", "int8")
 MAX_LENGTH = 256
 ST_BATCH_SIZES = (8, 16, 32, 64, 128)  # 16 was the best on an AVX-512 EPYC (2026-11-27)
@@ -145,16 +147,30 @@ def run_variant(
         hidden = spec.encoder.hidden_size
 
         packed = variant != "ours-fp32-padded"
+        lengths, static, forward = LENGTHS, False, None
+        if variant == "ours-fp32-compiled":  # the embed job's compile=true: its buckets
+            from embedfresh.core.config.embedding import DEFAULT_LENGTHS
+
+            lengths = tuple(n for n in DEFAULT_LENGTHS if n <= MAX_LENGTH)
+            static, forward = True, backend.compile(model.embed)
 
         def run() -> np.ndarray:  # tokenisation included, as sentence-transformers does
             return embed_texts(
-                model, backend, tok, texts, LENGTHS, TOKEN_BUDGET, hidden, False, packed
+                model, backend, tok, texts, lengths, TOKEN_BUDGET, hidden, static, packed, forward
             )
 
-        # Warm-up
-        embed_texts(model, backend, tok, texts[:64], LENGTHS, TOKEN_BUDGET, hidden, False, packed)
+        # Warm-up: a compiled forward compiles (or loads from inductor's cache) a graph per
+        # bucket on its first pass over all texts, timed apart.
+        t0 = time.perf_counter()
+        if forward is not None:
+            run()
+        else:
+            embed_texts(
+                model, backend, tok, texts[:64], lengths, TOKEN_BUDGET, hidden, static, packed
+            )
+        result["warm_up_s"] = round(time.perf_counter() - t0, 3)
         median, vectors, all_s = _time(run, repeats)
-        result.update(lengths=list(LENGTHS), token_budget=TOKEN_BUDGET, packed=packed)
+        result.update(lengths=list(lengths), token_budget=TOKEN_BUDGET, packed=packed)
     result.update(
         seconds=[round(s, 3) for s in all_s],
         sentences_per_s=len(texts) / median,
@@ -344,21 +360,28 @@ def main() -> None:
     results["st"]["max_abs_1_minus_cos"] = 0.0
 
     st_rate = results["st"]["sentences_per_s"]
-    from embedfresh.ml.embedding.packed import onednn_is_faster
-
-    gemm = "oneDNN" if onednn_is_faster() else "MKL"  # the packed forward's GEMMs
 
     def verdict(mode: str) -> str:
         return f"{mode} gate: {gates[mode]['verdict']}" if mode in gates else f"{mode} gate not run"
 
     from embedfresh.ml.backends import get_backend
+    from embedfresh.ml.embedding.packed import onednn_is_faster
     from embedfresh.ml.embedding.precision import native_bf16
+
+    gemm = "oneDNN" if onednn_is_faster() else "MKL"  # the packed forward's GEMMs
 
     bf16 = "native bf16" if native_bf16(get_backend("cpu")) else "bf16 emulated"
     rows = [
         ("sentence-transformers fp32", results["st"], f"batch {results['st']['batch_size']}"),
         ("ours fp32", results["ours-fp32"], f"bucketed, budget 4096, packed, {gemm}"),
-        ("ours fp32, padded", results["ours-fp32-padded"], "same buckets, padded, MKL"),
+        ("ours fp32, padded", results["ours-fp32-padded"], "same buckets, padded"),
+        (
+            "ours fp32, compiled (compile=true)",
+            results["ours-fp32-compiled"],
+            "torch.compile, static batches in the embed job's buckets; first pass "
+            f"{results['ours-fp32-compiled']['warm_up_s']:.0f} s (compiles, or loads "
+            "inductor's cache in later rounds)",
+        ),
         ("ours int8 (dynamic, calibrated)", results["ours-int8"], verdict("int8")),
         ("ours bf16", results["ours-bf16"], f"packed, {bf16}; {verdict('bf16')}"),
     ]

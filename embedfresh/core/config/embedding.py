@@ -44,6 +44,17 @@ class EmbedConfig(JobConfig):
     and, on AVX-512 AMD CPUs, by running the GEMMs on oneDNN (about 2x MKL there; Intel
     and AVX2 CPUs keep MKL, as fast or faster). Ignored on xla/neuron, which keep the
     static padded shapes."""
+    compile: bool = False
+    """On a CPU/CUDA backend, run the padded encoder forward through ``torch.compile``
+    (inductor), one graph per bucket length (needs ``static_batches``), stored in and
+    restored from the compile cache (:mod:`embedfresh.ml.embedding.compiled`): the
+    first task with a new model or setting compiles, later ones load. Same vectors
+    (cosine >= 0.99999). Off by default: on the CPUs measured it ran no faster than the
+    eager forward and its cold compile costs minutes (docs/BENCHMARKS.md, "The compiled
+    embed forward")."""
+    compile_cache_root: str | None = None
+    """Artifact root whose ``compile-cache/`` holds the compiled embed graphs; None:
+    ``artifact_root``."""
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
     quantize: Literal["none", "int8", "bf16"] = "none"
@@ -93,6 +104,20 @@ class EmbedConfig(JobConfig):
                 ) from None
             data = {**data, "array_index": index}
         return data
+
+    @model_validator(mode="after")
+    def _compile_fields(self) -> EmbedConfig:
+        if self.compile and not self.static_batches:
+            raise ValueError(
+                "compile=true needs static_batches=true: one graph per bucket length "
+                "(a trimmed last batch would compile one more graph per bucket)"
+            )
+        if self.compile and self.quantize == "int8":
+            raise ValueError(
+                "compile=true runs fp32 or bf16 encoders; quantize=int8 runs eager "
+                "(dynamic int8 layers): set compile=false or quantize=bf16/none"
+            )
+        return self
 
     @model_validator(mode="after")
     def _plan_fields(self) -> EmbedConfig:

@@ -5,7 +5,7 @@ quality gate and ``bench/embeddings.py`` run it on plain lists of texts, without
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ import numpy as np
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from embedfresh.ml.backends import Backend
@@ -49,22 +50,26 @@ def embed_plan(
     hidden: int,
     stats: EncodeStats | None = None,
     packed: bool = True,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> np.ndarray:
     """Run every batch of ``plan`` through ``model.embed``; float32 [rows, hidden] in the
     original text order, L2-normalised. ``packed``: on a CPU/CUDA device, the unpadded
     forward of :func:`embedfresh.ml.embedding.packed.packed_embed` instead (same vectors; never on
-    XLA/Neuron, which need the static shapes)."""
+    XLA/Neuron, which need the static shapes). ``forward``: the forward to call instead
+    of either (the compiled one, :mod:`embedfresh.ml.embedding.compiled`)."""
     import torch
     import torch.nn.functional as F
 
     from embedfresh.ml.embedding.packed import packed_embed, prepare
 
-    if uses_packed(model, backend, packed):
+    if forward is None and uses_packed(model, backend, packed):
         layers = prepare(model.encoder)
 
-        def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        def packed_forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return packed_embed(model.encoder, ids, mask, layers)
-    else:
+
+        forward = packed_forward
+    elif forward is None:
         forward = model.embed
 
     vectors = np.zeros((rows, hidden), dtype=np.float32)
@@ -98,8 +103,10 @@ def embed_texts(
     hidden: int,
     static: bool = True,
     packed: bool = True,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> np.ndarray:
-    """Tokenise, bucket and embed ``texts``; float32 [len(texts), hidden] in their order."""
+    """Tokenise, bucket and embed ``texts``; float32 [len(texts), hidden] in their order
+    (``forward``: as :func:`embed_plan` takes it)."""
     token_ids, _ = tokenizer(texts)
     plan = make_batches(token_ids, lengths, token_budget, static=static)
-    return embed_plan(model, backend, plan, len(texts), hidden, packed=packed)
+    return embed_plan(model, backend, plan, len(texts), hidden, packed=packed, forward=forward)
