@@ -51,6 +51,13 @@ def corpus_shards(store: ArtifactStore, corpus: str) -> dict[int, str]:
     return parts
 
 
+def version_digest(version_marker: dict[str, Any]) -> str:
+    """sha256 of a model version's file checksums (its commit marker's): what changes
+    whenever its weights, config or tokenizer do."""
+    files = {name: entry.get("sha256") for name, entry in version_marker.get("files", {}).items()}
+    return sha256_bytes(json.dumps(files, sort_keys=True).encode())
+
+
 def reuse_key(
     *,
     store: ArtifactStore,
@@ -66,10 +73,9 @@ def reuse_key(
     setting that changes the vectors (``settings``: truncation length, pooling, Dense
     modules, prompt, quantisation, backend numerics) and :data:`OUTPUT_FORMAT`.
     """
-    files = {name: entry.get("sha256") for name, entry in version_marker.get("files", {}).items()}
     return {
         "format": OUTPUT_FORMAT,
-        "version_sha256": sha256_bytes(json.dumps(files, sort_keys=True).encode()),
+        "version_sha256": version_digest(version_marker),
         "source_etag": store.etag(source_rel),
         "source_size": store.size(source_rel),
         **settings,

@@ -38,9 +38,7 @@ release from the changed corpus instead.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
 import queue
@@ -71,6 +69,7 @@ from embedfresh.core.shards import (
     read_corpus_shard,
     reuse_key,
     stale_reason,
+    version_digest,
 )
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
@@ -502,9 +501,8 @@ def _compiled_forward(
         )
     from embedfresh.ml.embedding import compiled
 
-    weights = json.dumps(version_marker.get("files", version_marker), sort_keys=True)
     parts = compiled.key_parts(
-        hashlib.sha256(weights.encode()).hexdigest(),
+        version_digest(version_marker),
         backend,
         lengths,
         cfg.token_budget,

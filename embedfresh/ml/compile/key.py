@@ -79,5 +79,10 @@ def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) ->
 
 def cache_key(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> str:
     """Short hex digest of :func:`key_parts`."""
-    blob = json.dumps(key_parts(cfg, backend, mode, world_size), sort_keys=True)
+    return digest(key_parts(cfg, backend, mode, world_size))
+
+
+def digest(parts: dict[str, Any]) -> str:
+    """A compile-cache key: short hex digest of everything the graphs depend on."""
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

@@ -3,7 +3,7 @@ inference forward through ``torch.compile`` (inductor), static shapes.
 
 Length bucketing with ``static_batches`` gives every batch of a bucket the same
 ``[rows, length]``, so the encoder compiles to one graph per bucket length. The graphs go
-into the compile cache under their own key (:func:`cache_key`: the model version's
+into the compile cache under their own key (:func:`key_parts`: the model version's
 weights and tokenizer, the buckets' shapes, the dtype, the backend, the CPU's flags and
 the code generators' versions), as the train job's do: the first task that embeds with a
 key compiles and stores the entry, every later task, array child and re-run restores it
@@ -18,8 +18,6 @@ cold compile again, and on the benchmark's host it did not pay for that
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,7 +27,7 @@ import torch
 from embedfresh.core import markers
 from embedfresh.core.layout import compile_cache
 from embedfresh.ml.compile import torch_cache
-from embedfresh.ml.compile.key import cpu_flags_digest, library_versions
+from embedfresh.ml.compile.key import cpu_flags_digest, digest, library_versions
 from embedfresh.ml.embedding.bucketing import rows_per_batch
 
 if TYPE_CHECKING:
@@ -67,11 +65,6 @@ def key_parts(
     }
 
 
-def cache_key(parts: dict[str, Any]) -> str:
-    blob = json.dumps(parts, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
 class CompiledEncoder:
     """The encoder's forward compiled once, its cache entry restored before and stored
     after the first batches. Call :meth:`store_entry` once the job's first shard is done
@@ -82,7 +75,7 @@ class CompiledEncoder:
         self, model: nn.Module, backend: Backend, store: ArtifactStore, parts: dict[str, Any]
     ) -> None:
         self.backend, self.store = backend, store
-        self.key = cache_key(parts)
+        self.key = digest(parts)
         self.parts = parts
         self.cache = torch_cache.restore(store, backend.device.type, self.key)
         if not self.cache["hit"]:  # compiled here: only this job's graphs go in the entry
