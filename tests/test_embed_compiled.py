@@ -107,7 +107,7 @@ def test_compiled_forward_equals_eager_and_a_warm_process_compiles_nothing(tmp_p
     ("extra", "says"),
     [
         ("static_batches=false", "compile=true needs static_batches=true"),
-        ("quantize=int8", "quantize=int8 runs eager"),
+        ("quantize=int8", "compiled by its own route"),
     ],
 )
 def test_compile_with_a_setting_it_cannot_run_is_refused_before_any_write(

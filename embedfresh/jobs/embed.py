@@ -286,7 +286,6 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
 
     model = versions.instantiate(version).to(backend.device)
     model.eval()
-    packed = uses_packed(model, backend, cfg.packed)
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     fast_gate = None
     if cfg.quantize != "none":
@@ -325,6 +324,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
                 )
                 + f" (report: {store.url(report_rel)})"
             )
+    packed = uses_packed(model, backend, cfg.packed)  # the fast mode's, if any
     compiled = _compiled_forward(cfg, model, backend, version_marker, lengths) if todo else None
     if todo and store.exists(f"{out_dir}/{MANIFEST}"):
         log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, _ranges(todo))
@@ -455,7 +455,12 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         # Which forward ran: packed (our BERT encoder on its real tokens) or padded
         # (XLA/Neuron static shapes, or the generic transformers path of other encoders).
         "packed": packed and compiled is None,
-        "forward": "compiled" if compiled is not None else "packed" if packed else "padded",
+        # int8's graphs are compiled by its own route (PT2E, inductor with freezing).
+        "forward": "compiled"
+        if compiled is not None or cfg.quantize == "int8"
+        else "packed"
+        if packed
+        else "padded",
         **({"compile": compiled.report()} if compiled is not None else {}),
         "shapes": sorted([list(s) for s in stats.shapes]),
         # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
@@ -819,18 +824,18 @@ def _fast_mode_or_refuse(
     not ``gated``: no shard is left to embed, so nothing would be published).
 
     int8 is calibrated on the first texts of ``calibration_shard`` (the corpus's first
-    shard) and its summary says what was done to each layer; bf16's says whether the
-    device runs bf16 natively."""
+    shard) and its summary says how (route, calibration tokens, int8 layers); bf16's
+    says whether the device runs bf16 natively."""
     from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS, fast_mode_gate, fast_model
 
+    if not gated:  # nothing left to embed: no fast model to build
+        return model, None
     texts = None
     if cfg.quantize == "int8" and calibration_shard is not None:
         _, corpus_texts = read_corpus_shard(store, calibration_shard)
         texts = [prompt + t for t in corpus_texts[:CALIBRATION_TEXTS]]
     fast, details = fast_model(model, backend, cfg.quantize, tokenizer, texts)
     key = "bf16" if cfg.quantize == "bf16" else "quantization"
-    if not gated:
-        return fast, None
     _, summary = fast_mode_gate(
         store,
         cfg.dataset,

@@ -58,10 +58,12 @@ class EmbedConfig(JobConfig):
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
     quantize: Literal["none", "int8", "bf16"] = "none"
-    """A fast mode: ``int8``, dynamic int8 quantisation of the encoder's linear layers,
-    calibrated on the corpus's first shard (CPU backend only); ``bf16``, the encoder in
-    bfloat16 (CPU and CUDA backends; fast on CPUs with AMX or AVX512-BF16, where it is
-    about 3x fp32, and emulated, slower than fp32, elsewhere: logged). The job then first
+    """A fast mode: ``int8``, PyTorch's PT2E int8 quantisation of the encoder's linear
+    layers (torchao's ``X86InductorQuantizer``), activation scales calibrated on the
+    corpus's first shard, compiled by inductor (CPU backend on x86; each task compiles
+    its buckets' graphs on their first batches); ``bf16``, the encoder in bfloat16 (CPU
+    and CUDA backends with native bf16: AMX or AVX512-BF16, compute capability 8.0+;
+    refused elsewhere, where it would be emulated at 0.15x fp32). The job then first
     runs the fast mode's quality gate (recall@10 on the eval split of ``dataset``, the
     fast mode against fp32: one-sided non-inferiority at 95%, tolerance 0.001) and writes
     nothing unless it passes (docs/GATE.md, "Fast modes: int8 and bf16 embeddings")."""
@@ -112,10 +114,16 @@ class EmbedConfig(JobConfig):
                 "compile=true needs static_batches=true: one graph per bucket length "
                 "(a trimmed last batch would compile one more graph per bucket)"
             )
+        if self.quantize == "int8" and not self.static_batches:
+            raise ValueError(
+                "quantize=int8 runs a compiled int8 graph per bucket and needs "
+                "static_batches=true (a trimmed last batch would compile one more graph "
+                "per bucket)"
+            )
         if self.compile and self.quantize == "int8":
             raise ValueError(
-                "compile=true runs fp32 or bf16 encoders; quantize=int8 runs eager "
-                "(dynamic int8 layers): set compile=false or quantize=bf16/none"
+                "quantize=int8 is compiled by its own route (PT2E, then inductor with "
+                "freezing); compile=true is for fp32 and bf16 encoders: drop compile=true"
             )
         return self
 

@@ -1,12 +1,13 @@
 """The embed job's fast modes, reduced-precision copies of the encoder, and the quality
 gate they must pass before anything is published.
 
-- ``int8`` (:func:`quantize_int8`, CPU only): dynamic quantisation of the encoder's
-  ``nn.Linear`` layers, calibrated (SmoothQuant) on the corpus's first shard.
+- ``int8`` (:func:`quantize_int8`, x86 CPUs): PyTorch's PT2E quantisation of the
+  exported encoder (torchao's ``X86InductorQuantizer``), activation scales calibrated on
+  the corpus's first shard, compiled by inductor into oneDNN int8 kernels.
 - ``bf16`` (:func:`to_bf16`, CPU and CUDA): the whole encoder in bfloat16, pooled in fp32.
   Its GEMMs run on AMX / AVX512-BF16 where the CPU has them (5.4x fp32's GEMM rate on a
-  Sapphire Rapids Xeon, measured 2026-11-27); elsewhere they are emulated and slower
-  than fp32, which is logged and reported.
+  Sapphire Rapids Xeon, measured 2026-11-27); elsewhere they would be emulated at 0.15x
+  fp32, so it is refused there (exit 2).
 
 The gate asks the question a user asks of a fast mode, "is it worse?": a one-sided
 non-inferiority test. It embeds the eval split's queries and products twice with the
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,14 +55,6 @@ compares with -0.1%: a one-sided test at 95%."""
 CALIBRATION_TOKENS = 8192
 """Real tokens of calibration text (the corpus's first shard's, one text at a time so
 no padding enters the statistics)."""
-SMOOTHING_ALPHAS = (0.0, 0.5, 0.75)
-"""Migration strengths tried per layer (0: no smoothing); the one with the smallest error
-on the calibration tokens is kept."""
-MAX_LAYER_ERROR = 0.10
-"""A layer whose int8 output still differs from its fp32 output by more than this
-(relative Frobenius error on the calibration tokens, best alpha) stays in fp32."""
-
-
 BF16_BACKENDS = ("cpu", "cuda")
 
 
@@ -79,11 +71,14 @@ def native_bf16(backend: Backend) -> bool:
 def to_bf16(model: RelevanceModel, backend: Backend) -> tuple[RelevanceModel, dict[str, Any]]:
     """A copy of ``model`` whose encoder runs in bfloat16 (weights and activations; the
     packed forward pools in fp32 and every vector is normalised in fp32), and whether the
-    device runs bf16 natively. Without native bf16 the GEMMs are emulated, slower than
-    fp32 (logged as a warning; the vectors are the same).
+    device runs bf16 natively (always true: elsewhere it is refused).
+
+    The eager packed forward in bf16, not inductor under autocast: both ran at the same
+    rate on an AMX host (606.3 against 636.0 sentences/s, the compiled one after a 26 s
+    cold compile per process; docs/BENCHMARKS.md, "int8 through PT2E").
 
     :raises BadInputError: on a backend other than CPU or CUDA (XLA/Neuron cast with their
-        own compiler flags: ``--auto-cast``).
+        own compiler flags: ``--auto-cast``), or a device without native bf16 GEMMs.
     """
     if backend.device.type not in BF16_BACKENDS:
         raise BadInputError(
@@ -92,105 +87,167 @@ def to_bf16(model: RelevanceModel, backend: Backend) -> tuple[RelevanceModel, di
         )
     native = native_bf16(backend)
     if not native:
-        log.warning(
-            "quantize=bf16 on %s without native bf16 (no AMX / AVX512-BF16): the GEMMs are "
-            "emulated and slower than fp32; quantize=none is faster here",
-            backend.device,
+        raise BadInputError(
+            f"quantize=bf16 on {backend.device} without native bf16 (the CPU has neither AMX "
+            "nor AVX512-BF16 in /proc/cpuinfo's flags; a GPU below compute capability 8.0): "
+            "its GEMMs would be emulated, 0.15x fp32's rate (docs/BENCHMARKS.md): use "
+            "quantize=int8 or quantize=none here"
         )
     return copy.deepcopy(model).to(torch.bfloat16).eval(), {"native_bf16": native}
 
 
-class SmoothedInt8Linear(nn.Module):
-    """``qlinear(x * inv_scale)``: an int8 dynamic linear whose weight columns were
-    multiplied by ``1 / inv_scale``, the same function as the fp32 layer with the
-    activations' outlier channels moved into the weights (SmoothQuant)."""
+INT8_ROUTE = "pt2e-x86-inductor"
+"""How ``quantize=int8`` runs: PyTorch's own int8 route for x86 CPUs. The encoder is
+exported (``torch.export``), its linear layers annotated by torchao's
+``X86InductorQuantizer`` (int8 weights per output channel; int8 activations per tensor,
+calibrated), and the quantised graph compiled by inductor with ``freezing``, which fuses
+each quantise -> linear -> dequantise into one oneDNN int8 kernel (VNNI, AMX).
 
-    def __init__(self, qlinear: nn.Module, inv_scale: torch.Tensor) -> None:
+It replaced ``torch.ao.quantization.quantize_dynamic`` (deprecated, eager int8 layers,
+with a SmoothQuant calibration of our own): 601.8 against 375.1 sentences/s on the same
+host and texts, and 939.2 with the rest of the graph in bf16 where the CPU has AMX
+(docs/BENCHMARKS.md, "int8 through PT2E")."""
+
+
+class Int8Encoder(nn.Module):
+    """The encoder's quantised and compiled forward behind the model's ``embed``: what
+    the embed job, the fast-mode gate and a release's query encoder call. ``spec`` is the
+    fp32 model's. Its graphs are static: call it with static batches, one graph per
+    bucket (inductor compiles each on its first call)."""
+
+    def __init__(self, graph: Any, spec: Any, mixed_bf16: bool) -> None:
         super().__init__()
-        self.register_buffer("inv_scale", inv_scale)
-        self.qlinear = qlinear
+        self.graph = graph
+        self.spec = spec
+        self.mixed_bf16 = mixed_bf16
+        self._forward = torch.compile(graph, dynamic=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qlinear(x * self.inv_scale)
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # Freezing as PyTorch's x86 PT2E tutorial sets it, scoped to these calls (a new
+        # shape compiles inside them): passed as torch.compile(options=...) instead,
+        # torchao's int8 weight-prepack pass fails to lower (torch 2.9.1, torchao 0.15.0).
+        import torch._inductor.config as inductor_config
+
+        with (
+            inductor_config.patch(freezing=True),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mixed_bf16),
+        ):
+            return self._forward(input_ids, attention_mask)
+
+
+class _Embed(nn.Module):
+    """``model.embed`` as a module's forward: what ``torch.export`` traces."""
+
+    def __init__(self, model: RelevanceModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(input_ids, attention_mask)
+
+
+def _check_exported(graph: Any, model: RelevanceModel, ids: Sequence[int]) -> None:
+    """The exported graph computes the model's ``embed`` (before anything is quantised),
+    checked on one calibration text at its own length."""
+    row = torch.tensor([list(ids)], dtype=torch.long)
+    mask = torch.ones_like(row)
+    with torch.no_grad():
+        diff = float((graph(row, mask) - model.embed(row, mask)).abs().max())
+    if diff > 1e-4:
+        raise RuntimeError(
+            f"the exported encoder differs from the model by {diff:.3g} on a calibration "
+            "text: torch.export did not capture its forward; use quantize=none"
+        )
+
+
+def mixed_bf16_int8() -> bool:
+    """Whether int8's layers between the int8 GEMMs (attention, LayerNorm, GELU) run in
+    bf16: on CPUs with AMX only (939.2 against 601.8 sentences/s all-fp32 there; on
+    AVX512-BF16 without AMX bf16 GEMMs ran slower than fp32: docs/BENCHMARKS.md)."""
+    return "amx_bf16" in cpuinfo.field("flags").split()
 
 
 def quantize_int8(
     model: RelevanceModel,
     backend: Backend,
     calibration: Sequence[Sequence[int]] = (),
-) -> tuple[RelevanceModel, dict[str, Any]]:
-    """A copy of ``model`` whose encoder ``nn.Linear`` layers run in int8 (weights int8
-    per output channel, activations quantised per batch at run time), and what was done
-    to each layer.
+) -> tuple[Int8Encoder, dict[str, Any]]:
+    """The encoder in int8 through PT2E (:data:`INT8_ROUTE`), and what was done to it.
 
-    With ``calibration`` (token ids of texts the job will embed), each layer is first
-    smoothed: input channel j is divided by s_j = max|x_j|^a / max|W_j|^(1-a) and the
-    weight's column j multiplied by it, for the a of :data:`SMOOTHING_ALPHAS` whose int8
-    output is closest to the fp32 layer's on the calibration tokens; a layer still
-    further than :data:`MAX_LAYER_ERROR` from fp32 stays in fp32. Without calibration
-    every layer is quantised as it is.
+    The activations' int8 scales are static, observed on ``calibration`` (token ids of
+    texts the job will embed: the first :data:`CALIBRATION_TOKENS` of them, one text at
+    a time so no padding enters the statistics). Dynamic scales are not offered: inductor
+    cannot lower torchao's dynamic int8 linear without calibration data (torch 2.9.1,
+    torchao 0.15.0: ``onednn.qlinear_prepack`` has no fake kernel).
 
-    :raises BadInputError: on any backend but CPU (quantised kernels are CPU-only).
+    :raises BadInputError: on any backend but CPU, a CPU that is not x86 (the
+        quantiser's kernels are oneDNN's x86 ones), or no calibration text.
     """
-    if backend.device.type != "cpu":
+    import platform
+    import warnings
+
+    with warnings.catch_warnings():  # torchao's modules warn of their own import paths
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchao.quantization.pt2e import move_exported_model_to_eval
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    if backend.device.type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise BadInputError(
-            f"quantize=int8 runs on the CPU backend only (dynamic int8 kernels are CPU "
-            f"kernels); got backend {backend.name!r} ({backend.device}): use backend=cpu "
-            "or quantize=none"
+            f"quantize=int8 runs on the CPU backend of x86 machines only (PyTorch's int8 "
+            f"route there is oneDNN's x86 kernels); got backend {backend.name!r} "
+            f"({backend.device}) on {platform.machine()}: use backend=cpu on x86, "
+            "quantize=bf16 or quantize=none"
         )
-    out = copy.deepcopy(model).eval()
-    linears = {n: m for n, m in out.encoder.named_modules() if type(m) is nn.Linear}
     texts = _calibration_batch(calibration)
-    absmax = _input_absmax(out, linears, texts) if texts else {}
-    candidates = {n: _candidates(m, absmax.get(n)) for n, m in linears.items()}
-    errors = _errors(out, linears, candidates, texts) if texts else {}
-    layers = []
-    for name, module in linears.items():
-        if name in errors:
-            alpha = min(errors[name], key=errors[name].get)
-            error = errors[name][alpha]
-        else:
-            alpha, error = 0.0, None
-        keep = error is not None and error > MAX_LAYER_ERROR
-        replacement = module if keep else candidates[name][alpha]
-        parent, _, leaf = name.rpartition(".")
-        setattr(out.encoder.get_submodule(parent) if parent else out.encoder, leaf, replacement)
-        layers.append(
-            {
-                "layer": name,
-                "dtype": "fp32" if keep else "int8",
-                "alpha": alpha,
-                "relative_error": None if error is None else round(error, 5),
-            }
+    if not texts:
+        raise BadInputError(
+            "quantize=int8 calibrates its activation scales on the corpus's first shard, "
+            "which has no text: embed a corpus whose first shard has rows, or quantize=none"
         )
-    kept = [entry["layer"] for entry in layers if entry["dtype"] == "fp32"]
+    fp32 = copy.deepcopy(model).eval()
+    # Two rows of 16 tokens as the example (ids and mask two distinct tensors: one
+    # tensor passed twice is traced as one input); rows and length are dynamic in the
+    # exported graph, so calibration runs each text at its own length. Strict export:
+    # the quantiser finds linear layers by the source metadata that only dynamo records.
+    example = (torch.full((2, 16), 7, dtype=torch.long), torch.ones((2, 16), dtype=torch.long))
+    dims = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+    graph = torch.export.export(
+        _Embed(fp32).eval(), example, dynamic_shapes=(dims, dims), strict=True
+    ).module()
+    move_exported_model_to_eval(graph)  # its dropout calls, which .eval() cannot reach
+    _check_exported(graph, fp32, texts[0])
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for ids in texts:
+            row = torch.tensor([list(ids)], dtype=torch.long)
+            prepared(row, torch.ones_like(row))
+    converted = convert_pt2e(prepared)
+    move_exported_model_to_eval(converted)
+    layers = sum(
+        1
+        for node in converted.graph.nodes
+        if node.op == "call_function" and "dequantize_per_channel" in str(node.target)
+    )
+    mixed = mixed_bf16_int8()
     summary = {
+        "route": INT8_ROUTE,
+        "between_gemms": "bf16" if mixed else "fp32",
         "calibration_texts": len(texts),
         "calibration_tokens": sum(len(t) for t in texts),
-        "int8_layers": len(layers) - len(kept),
-        "fp32_layers": kept,
-        "layers": layers,
+        "int8_layers": layers,
     }
-    if kept:
-        log.warning(
-            "int8: %d of %d linear layers stay in fp32 (int8 error over %.0f%% on the "
-            "calibration tokens): %s",
-            len(kept),
-            len(layers),
-            MAX_LAYER_ERROR * 100,
-            ", ".join(kept),
-        )
-    if texts:
-        worst = max(layers, key=lambda e: e["relative_error"] or 0.0)
-        log.info(
-            "int8: %d layers smoothed and quantised on %d calibration tokens; worst relative "
-            "error %.4f (%s)",
-            len(layers) - len(kept),
-            summary["calibration_tokens"],
-            worst["relative_error"],
-            worst["layer"],
-        )
-    return out, summary
+    log.info(
+        "int8 (%s): %d linear layers in int8, activation scales from %d calibration "
+        "tokens; the rest in %s. Inductor compiles one graph per bucket on its first batch",
+        INT8_ROUTE,
+        layers,
+        summary["calibration_tokens"],
+        summary["between_gemms"],
+    )
+    return Int8Encoder(converted, model.spec, mixed), summary
 
 
 CALIBRATION_TEXTS = 512
@@ -208,7 +265,7 @@ def fast_model(
     """The encoder of a fast ``mode`` (``int8``, ``bf16``) and what was done to it: the
     one way the embed job and a release's query encoder build it, so both get the same
     model. int8 is calibrated on the first :data:`CALIBRATION_TEXTS` of
-    ``calibration_texts`` (prompts already put before them); none: uncalibrated.
+    ``calibration_texts`` (prompts already put before them).
 
     :raises BadInputError: an unknown mode, or one the backend cannot run.
     """
@@ -230,83 +287,6 @@ def _calibration_batch(calibration: Sequence[Sequence[int]]) -> list[Sequence[in
             texts.append(ids)
             tokens += len(ids)
     return texts
-
-
-def _forward_each(
-    model: Any, linears: dict[str, Any], texts: Sequence[Sequence[int]], seen: Any
-) -> None:
-    """The fp32 encoder on every calibration text alone (no padding, no mask effects),
-    calling ``seen(name, x, y)`` with each linear layer's input and output."""
-    hooks = [
-        m.register_forward_hook(lambda _m, inp, out, n=n: seen(n, inp[0], out))
-        for n, m in linears.items()
-    ]
-    try:
-        with torch.inference_mode():
-            for ids in texts:
-                row = torch.tensor([list(ids)], dtype=torch.long)
-                model.embed(row, torch.ones_like(row))
-    finally:
-        for hook in hooks:
-            hook.remove()
-
-
-def _input_absmax(model: Any, linears: dict[str, Any], texts: Sequence[Sequence[int]]) -> dict:
-    absmax: dict[str, Any] = {}
-
-    def record(name: str, x: Any, _out: Any) -> None:
-        m = x.reshape(-1, x.shape[-1]).abs().amax(0)
-        absmax[name] = m if name not in absmax else torch.maximum(absmax[name], m)
-
-    _forward_each(model, linears, texts, record)
-    return absmax
-
-
-def _candidates(module: Any, absmax: Any) -> dict[float, Any]:
-    """The layer in int8 for each alpha (only alpha 0 without calibration statistics)."""
-    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    out = {}
-    for alpha in SMOOTHING_ALPHAS if absmax is not None else (0.0,):
-        layer = copy.deepcopy(module)
-        scale = torch.ones(module.in_features)
-        if alpha:
-            w = module.weight.detach().abs().amax(0).clamp(min=1e-5)
-            scale = (absmax.clamp(min=1e-5) ** alpha / w ** (1 - alpha)).clamp(min=1e-5)
-            with torch.no_grad():
-                layer.weight.mul_(scale)
-        with warnings.catch_warnings():
-            # torch.ao.quantization is deprecated in favour of torchao; it works in 2.9.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            # Per-output-channel weight scales: measured on minilm (400 texts), median
-            # 1 - cosine to fp32 0.023 against 0.058 with one scale per tensor.
-            q = torch.ao.quantization.quantize_dynamic(
-                nn.Sequential(layer), {nn.Linear: qconfig}, dtype=torch.qint8
-            )[0]
-        out[alpha] = q if not alpha else SmoothedInt8Linear(q, 1.0 / scale)
-    return out
-
-
-def _errors(
-    model: Any, linears: dict[str, Any], candidates: dict, texts: Sequence[Sequence[int]]
-) -> dict[str, dict[float, float]]:
-    """Relative Frobenius error of every candidate against its fp32 layer, summed over
-    the calibration tokens (each layer fed the fp32 model's own activations)."""
-    sums: dict[str, dict[float, list[float]]] = {
-        n: {a: [0.0, 0.0] for a in c} for n, c in candidates.items()
-    }
-
-    def record(name: str, x: Any, y: Any) -> None:
-        ref = float(y.pow(2).sum())
-        for alpha, candidate in candidates[name].items():
-            acc = sums[name][alpha]
-            acc[0] += float((candidate(x) - y).pow(2).sum())
-            acc[1] += ref
-
-    _forward_each(model, linears, texts, record)
-    return {
-        n: {a: (e / r) ** 0.5 if r else 0.0 for a, (e, r) in per.items()} for n, per in sums.items()
-    }
 
 
 def fast_mode_gate(
