@@ -196,7 +196,9 @@ def test_each_verdict_is_obeyed(
     int8 computes is tested above; here its model is fp32's (no int8 graphs to compile
     per case), since only the job's obedience to the verdict is under test."""
     real_gate = precision.gate
-    monkeypatch.setattr(precision, "quantize_int8", lambda model, backend, calibration: (model, {}))
+    monkeypatch.setattr(
+        precision, "quantize_int8", lambda model, backend, *calibration: (model, {})
+    )
 
     def forced(*args, **kwargs) -> GateResult:
         result = real_gate(*args, **kwargs)

@@ -210,6 +210,26 @@ def own_mpnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_own_model(tmp_path_factory.mktemp("own-mpnet") / "mpnet-st", "mpnet")
 
 
+def test_int8_of_an_encoder_the_quantiser_cannot_handle_is_refused_before_any_write(
+    own_mpnet: Path, tmp_path: Path
+) -> None:
+    """A team's own MPNet with quantize=int8: PyTorch's x86 quantiser fails on its graph
+    (it observes MPNet's integer relative-position buckets), so the embed job exits 2
+    with the modes that do run, before any write."""
+    root = f"file://{tmp_path / 'store'}"
+    store = ArtifactStore(root)
+    sink = io.BytesIO()
+    texts = [f"{t} {i}" for i, t in enumerate(CORPUS * 4)]
+    pq.write_table(pa.table({"id": [f"sku-{i}" for i in range(len(texts))], "text": texts}), sink)
+    store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
+    common = [f"artifact_root={root}", "model=acme-mpnet"]
+    _last_json(run_job("publish_model", *common, f"source=file://{own_mpnet}", "version=v0"))
+    done = run_job("embed", *common, "version=v0", "corpus=catalogue", "quantize=int8")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cannot quantise this encoder" in done.stderr and "quantize=bf16" in done.stderr
+    assert not store.exists(layout.embeddings("acme-mpnet", "v0", "catalogue"))
+
+
 @pytest.mark.parametrize(
     ("model", "forward"),
     [("own_bert", "packed"), ("own_bert_cls", "padded"), ("own_mpnet", "padded")],

@@ -230,7 +230,10 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         "backend": backend.name if backend is not None else resolve_name(cfg.backend),
     }
     if cfg.quantize == "int8":
+        from embedfresh.ml.embedding.precision import int8_settings
+
         settings["int8_calibration"] = layout.part_name(calibration_shard)
+        settings.update(int8_settings())  # parts of the earlier dynamic route are stale
     status = shard_status(
         store,
         corpus_dir=corpus_dir,

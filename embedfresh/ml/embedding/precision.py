@@ -167,10 +167,18 @@ def mixed_bf16_int8() -> bool:
     return "amx_bf16" in cpuinfo.field("flags").split()
 
 
+def int8_settings() -> dict[str, str]:
+    """What an int8 output's vectors depend on beyond its calibration shard, for its
+    parts' reuse key and its release's query encoder: the route, and whether this host
+    runs the layers between the GEMMs in bf16 (:func:`mixed_bf16_int8`)."""
+    return {"int8_route": INT8_ROUTE, "int8_between_gemms": "bf16" if mixed_bf16_int8() else "fp32"}
+
+
 def quantize_int8(
     model: RelevanceModel,
     backend: Backend,
     calibration: Sequence[Sequence[int]] = (),
+    between_gemms: str | None = None,
 ) -> tuple[Int8Encoder, dict[str, Any]]:
     """The encoder in int8 through PT2E (:data:`INT8_ROUTE`), and what was done to it.
 
@@ -180,8 +188,12 @@ def quantize_int8(
     cannot lower torchao's dynamic int8 linear without calibration data (torch 2.9.1,
     torchao 0.15.0: ``onednn.qlinear_prepack`` has no fake kernel).
 
+    ``between_gemms`` (``bf16``/``fp32``): as recorded with the vectors to repeat; None:
+    this host's choice (:func:`int8_settings`).
+
     :raises BadInputError: on any backend but CPU, a CPU that is not x86 (the
-        quantiser's kernels are oneDNN's x86 ones), or no calibration text.
+        quantiser's kernels are oneDNN's x86 ones), no calibration text, or an encoder
+        whose graph the quantiser cannot handle (MPNet).
     """
     import platform
     import warnings
@@ -219,19 +231,27 @@ def quantize_int8(
     _check_exported(graph, fp32, texts[0])
     quantizer = x86.X86InductorQuantizer()
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(graph, quantizer)
-    with torch.no_grad():
-        for ids in texts:
-            row = torch.tensor([list(ids)], dtype=torch.long)
-            prepared(row, torch.ones_like(row))
-    converted = convert_pt2e(prepared)
+    try:
+        prepared = prepare_pt2e(graph, quantizer)
+        with torch.no_grad():
+            for ids in texts:
+                row = torch.tensor([list(ids)], dtype=torch.long)
+                prepared(row, torch.ones_like(row))
+        converted = convert_pt2e(prepared)
+    except (NotImplementedError, RuntimeError) as err:
+        # Seen on MPNet: the quantiser observes the integer relative-position buckets.
+        raise BadInputError(
+            f"quantize=int8 cannot quantise this encoder ({type(model.encoder).__name__}): "
+            f"PyTorch's x86 quantiser failed on its graph ({type(err).__name__}: "
+            f"{str(err)[:200]}); use quantize=bf16 or quantize=none"
+        ) from err
     move_exported_model_to_eval(converted)
     layers = sum(
         1
         for node in converted.graph.nodes
         if node.op == "call_function" and "dequantize_per_channel" in str(node.target)
     )
-    mixed = mixed_bf16_int8()
+    mixed = (between_gemms or int8_settings()["int8_between_gemms"]) == "bf16"
     summary = {
         "route": INT8_ROUTE,
         "between_gemms": "bf16" if mixed else "fp32",
@@ -261,11 +281,13 @@ def fast_model(
     mode: str,
     tokenizer: VariableTokenizer,
     calibration_texts: Sequence[str] | None = None,
+    between_gemms: str | None = None,
 ) -> tuple[RelevanceModel, dict[str, Any]]:
     """The encoder of a fast ``mode`` (``int8``, ``bf16``) and what was done to it: the
     one way the embed job and a release's query encoder build it, so both get the same
     model. int8 is calibrated on the first :data:`CALIBRATION_TEXTS` of
-    ``calibration_texts`` (prompts already put before them).
+    ``calibration_texts`` (prompts already put before them); ``between_gemms`` as
+    :func:`quantize_int8` takes it.
 
     :raises BadInputError: an unknown mode, or one the backend cannot run.
     """
@@ -274,7 +296,7 @@ def fast_model(
     if mode == "int8":
         texts = list(calibration_texts or ())[:CALIBRATION_TEXTS]
         calibration = tokenizer(texts)[0] if texts else ()
-        return quantize_int8(model, backend, calibration)
+        return quantize_int8(model, backend, calibration, between_gemms)
     raise BadInputError(f"unknown fast mode {mode!r}: int8 or bf16")
 
 

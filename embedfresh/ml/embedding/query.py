@@ -47,7 +47,8 @@ class ReleaseEncoder:
 
     :param settings: the embedding set's settings (its manifest's, as the release
         records them): ``max_length``, ``pooling``, ``dense``, ``prompt``, ``normalize``,
-        ``quantize``, ``backend`` (and ``int8_calibration``).
+        ``quantize``, ``backend`` (and ``int8_calibration``, ``int8_route``,
+        ``int8_between_gemms``).
     :param backend: run on this backend instead of the one the corpus was embedded on
         (logged: float rounding differs between devices).
     :raises BadInputError: the settings do not describe this version's encoder.
@@ -88,10 +89,13 @@ class ReleaseEncoder:
         encoder.eval()
         self.quantize = str(settings.get("quantize") or "none")
         if self.quantize != "none":
-            texts = None
+            texts, between = None, None
             if self.quantize == "int8":
                 texts = self._calibration_texts(store, settings, CALIBRATION_TEXTS)
-            encoder, _ = fast_model(encoder, self.backend, self.quantize, self.tokenizer, texts)
+                between = self._int8_route(settings)
+            encoder, _ = fast_model(
+                encoder, self.backend, self.quantize, self.tokenizer, texts, between
+            )
         self._encoder = encoder
         self.truncated = 0
         """Texts cut at :attr:`max_length` so far (each also logged)."""
@@ -119,6 +123,20 @@ class ReleaseEncoder:
                 f"settings this version's encoder does not have ({'; '.join(differ) or 'no max_length'}): "
                 "its query encoder cannot repeat them"
             )
+
+    def _int8_route(self, settings: dict) -> str:
+        """The recorded int8 route's layers-between-GEMMs dtype, so queries are embedded
+        by the same int8 model as the corpus whatever host runs them; int8 vectors of
+        another route cannot be repeated."""
+        from embedfresh.ml.embedding.precision import INT8_ROUTE
+
+        if settings.get("int8_route") != INT8_ROUTE:
+            raise BadInputError(
+                f"int8 embeddings of {self.corpus!r} by {self.model} {self.version} were made "
+                f"by int8 route {settings.get('int8_route') or 'quantize_dynamic'!r}; this "
+                f"encoder builds {INT8_ROUTE!r}: re-embed the corpus (a refresh releases it)"
+            )
+        return str(settings.get("int8_between_gemms") or "fp32")
 
     def _calibration_texts(self, store: ArtifactStore, settings: dict, n: int) -> list[str]:
         part = settings.get("int8_calibration")
