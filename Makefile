@@ -53,6 +53,11 @@ airflow: $(STAMP)
 	@(umask 077 && touch $(PASSWORDS_FILE)) && chmod 600 $(PASSWORDS_FILE)
 	@echo "Airflow web UI: http://127.0.0.1:$(AIRFLOW_PORT)  login: admin, password printed by standalone"
 	@echo "  below and kept in $(PASSWORDS_FILE) (mode 0600)"
+	@# The pool the DAGs' device steps take (operators/resources.py): Airflow schedules no
+	@# task of a pool that does not exist.
+	env $(LOCAL_AIRFLOW) $(VENV)/bin/airflow db migrate > /dev/null
+	env $(LOCAL_AIRFLOW) $(VENV)/bin/airflow pools set embedfresh_accelerator 1 \
+		"embedfresh: steps that hold an accelerator (health, compile, train, parity)" > /dev/null
 	env $(LOCAL_AIRFLOW) \
 	AIRFLOW__API__HOST=127.0.0.1 \
 	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \

@@ -29,6 +29,7 @@ from embedfresh.operators.params import (
     day_param,
     model_param,
 )
+from embedfresh.operators.resources import task_resources
 
 with DAG(
     "accelerator_parity",
@@ -71,5 +72,6 @@ with DAG(
         epochs="{{ params.epochs }}",
         **DAY_ARG,
         job_settings={"dropout": "{{ params.dropout }}"},
+        **task_resources("parity"),
         retries=0,
     )

@@ -47,6 +47,7 @@ from embedfresh.operators import (
 )
 from embedfresh.operators.embed import BatchArrayEmbeddingOperator
 from embedfresh.operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
+from embedfresh.operators.resources import task_resources
 
 VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
 
@@ -114,6 +115,7 @@ with DAG(
     verify = EmbeddingVerifyOperator(
         task_id="verify",
         **COMMON_JOB_ARGS,
+        **task_resources("verify"),
         version=VERSION,
         corpus="{{ params.corpus }}",
         # With the array fan-out the corpus is large: the verifier, which reads every
@@ -132,13 +134,14 @@ with DAG(
             shards_per_task="{{ params.shards_per_task }}",
         )
         embed = BatchEmbeddingOperator.partial(
-            task_id="embed", **COMMON_JOB_ARGS, version=VERSION
+            task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=VERSION
         ).expand_kwargs(list_shards.output)
         resolve_version >> list_shards >> embed >> verify
     else:
         embed_array = BatchArrayEmbeddingOperator(
             task_id="embed",
             **COMMON_JOB_ARGS,
+            **task_resources("embed"),
             version=VERSION,
             corpus="{{ params.corpus }}",
             max_children="{{ params.max_children }}",

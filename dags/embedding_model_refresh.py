@@ -1,8 +1,8 @@
 """Daily refresh of the production embedding model, released with its corpus embeddings.
 
-health -> compile -> train -> evaluate -> gate -> corpora -> list_shards -> embed
-(mapped, the candidate) -> verify -> load_index -> search_check -> release (verify,
-load_index and search_check mapped once per corpus).
+health -> compile -> train -> evaluate -> gate -> gate_passed -> corpora -> list_shards
+-> embed (mapped, the candidate) -> verify -> load_index -> search_check -> release
+(verify, load_index and search_check mapped once per corpus).
 
 ``health`` checks the run's inputs in the store (the model, the corpora: a missing one
 fails the run naming what is there) and the devices and links the run will use (a
@@ -10,7 +10,11 @@ faulty one fails the run before anything expensive starts, no retry); ``compile`
 the training graphs into the shared compile cache (a hit takes seconds); ``train`` trains
 the production model incrementally on the data interval's partition (resuming from its
 last checkpoint on a retry, with exponential backoff); ``evaluate`` scores it on the
-fixed held-out set; ``gate`` lets it through only on PASS (the 0.1% SLA; no retry).
+fixed held-out set; ``gate`` decides whether it may go live (the 0.1% SLA). A gate that
+does not PASS (FAIL, INCONCLUSIVE) is a decision, not an error: the gate task succeeds
+with the decision as its XCom (each metric's d and interval), ``gate_passed`` skips
+everything after it, and the run ends green with production and the live release
+untouched; the decision is on the Model quality page.
 
 Then the candidate, not yet live, is made ready to serve, for every corpus of the
 ``corpora`` Param (default ``products``): ``embed`` (one mapped task per shard) and
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from embedfresh.operators import (
@@ -68,6 +73,7 @@ from embedfresh.operators import (
     SearchCheckOperator,
 )
 from embedfresh.operators.deadline import refresh_deadline_alert
+from embedfresh.operators.gate import decision_passed
 from embedfresh.operators.params import (
     COMMON_JOB_ARGS,
     DAY_ARG,
@@ -77,6 +83,7 @@ from embedfresh.operators.params import (
     day_param,
     gate_metrics_param,
 )
+from embedfresh.operators.resources import task_resources
 
 CORPORA = "{{ params.corpora | tojson }}"
 # The candidate: the version the run's train job published (named after the run).
@@ -120,24 +127,35 @@ with DAG(
     health = AcceleratorHealthOperator(
         task_id="health",
         **COMMON_JOB_ARGS,
+        **task_resources("health"),
         nproc_per_node="{{ params.nproc }}",
         check_inputs={"corpus": "{{ params.corpora | join(',') }}"},
         retries=0,
     )
-    compile_graphs = AheadOfTimeCompileOperator(task_id="compile", **TRAINING)
+    compile_graphs = AheadOfTimeCompileOperator(
+        task_id="compile", **TRAINING, **task_resources("compile")
+    )
     train = IncrementalTrainingOperator(
         task_id="train",
         **TRAINING,
+        **task_resources("train"),
         retries=2,
         retry_delay=dt.timedelta(seconds=10),
         retry_exponential_backoff=2.0,
     )
-    evaluate = EvaluationOperator(task_id="evaluate", **COMMON_JOB_ARGS)
+    evaluate = EvaluationOperator(
+        task_id="evaluate", **COMMON_JOB_ARGS, **task_resources("evaluate")
+    )
     gate = QualityGateOperator(
         task_id="gate",
         **COMMON_JOB_ARGS,
+        **task_resources("gate"),
         metrics="{{ params.gate_metrics | tojson }}",
         retries=0,
+    )
+    # A gate that does not PASS is a decision: the run ends green, nothing below runs.
+    gate_passed = ShortCircuitOperator(
+        task_id="gate_passed", python_callable=decision_passed, op_args=[gate.output]
     )
 
     corpora = CorporaOperator(
@@ -147,18 +165,30 @@ with DAG(
         task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpora=corpora.output
     )
     embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON_JOB_ARGS, version=CANDIDATE
+        task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=CANDIDATE
     ).expand_kwargs(list_shards.output)
     verify = EmbeddingVerifyOperator.partial(
-        task_id="verify", **COMMON_JOB_ARGS, version=CANDIDATE
+        task_id="verify", **COMMON_JOB_ARGS, **task_resources("verify"), version=CANDIDATE
     ).expand(corpus=corpora.output)
     load_index = IndexLoadOperator.partial(
-        task_id="load_index", **COMMON_JOB_ARGS, **INDEX_ARGS
+        task_id="load_index", **COMMON_JOB_ARGS, **INDEX_ARGS, **task_resources("load_index")
     ).expand(corpus=corpora.output)
     search_check = SearchCheckOperator.partial(
-        task_id="search_check", **COMMON_JOB_ARGS, **INDEX_ARGS, retries=0
+        task_id="search_check",
+        **COMMON_JOB_ARGS,
+        **INDEX_ARGS,
+        **task_resources("search_check"),
+        gate="gate",
+        retries=0,
     ).expand(corpus=corpora.output)
-    release = ReleaseOperator(task_id="release", **COMMON_JOB_ARGS, **INDEX_ARGS, corpora=CORPORA)
+    release = ReleaseOperator(
+        task_id="release",
+        **COMMON_JOB_ARGS,
+        **INDEX_ARGS,
+        **task_resources("release"),
+        corpora=CORPORA,
+        gate="gate",
+    )
 
     (
         health
@@ -166,6 +196,7 @@ with DAG(
         >> train
         >> evaluate
         >> gate
+        >> gate_passed
         >> corpora
         >> list_shards
         >> embed

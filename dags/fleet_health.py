@@ -20,6 +20,7 @@ from airflow.sdk import DAG, CronTriggerTimetable, Param
 
 from embedfresh.operators import AcceleratorHealthOperator
 from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
+from embedfresh.operators.resources import task_resources
 
 with DAG(
     "fleet_health",
@@ -55,6 +56,7 @@ with DAG(
     AcceleratorHealthOperator(
         task_id="health",
         **COMMON_JOB_ARGS,
+        **task_resources("health"),
         nproc_per_node="{{ params.nproc }}",
         job_settings={
             "min_busbw_gbps": "{{ params.min_busbw_gbps }}",

@@ -18,6 +18,7 @@ from airflow.sdk import DAG, Param
 
 from embedfresh.operators import GarbageCollectOperator
 from embedfresh.operators.params import INDEX_ARGS, artifact_root_param, model_param
+from embedfresh.operators.resources import task_resources
 
 with DAG(
     "embedfresh_garbage_collection",
@@ -45,4 +46,5 @@ with DAG(
         grace_hours="{{ params.grace_hours }}",
         dry_run="{{ params.dry_run }}",
         **INDEX_ARGS,
+        **task_resources("garbage_collect"),
     )

@@ -45,6 +45,7 @@ from embedfresh.operators.params import (
     corpora_param,
     model_param,
 )
+from embedfresh.operators.resources import task_resources
 
 COMMON = {
     "artifact_root": "{{ params.artifact_root }}",
@@ -96,21 +97,31 @@ with DAG(
         task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpora=corpora.output
     )
     embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON, version=VERSION
+        task_id="embed", **COMMON, **task_resources("embed"), version=VERSION
     ).expand_kwargs(list_shards.output)
-    verify = EmbeddingVerifyOperator.partial(task_id="verify", **COMMON, version=VERSION).expand(
-        corpus=corpora.output
-    )
+    verify = EmbeddingVerifyOperator.partial(
+        task_id="verify", **COMMON, **task_resources("verify"), version=VERSION
+    ).expand(corpus=corpora.output)
     load_index = IndexLoadOperator.partial(
-        task_id="load_index", **COMMON, **INDEX_ARGS, version=VERSION
+        task_id="load_index",
+        **COMMON,
+        **INDEX_ARGS,
+        **task_resources("load_index"),
+        version=VERSION,
     ).expand(corpus=corpora.output)
     search_check = SearchCheckOperator.partial(
-        task_id="search_check", **COMMON, **INDEX_ARGS, version=VERSION, regression="report"
+        task_id="search_check",
+        **COMMON,
+        **INDEX_ARGS,
+        **task_resources("search_check"),
+        version=VERSION,
+        regression="report",
     ).expand(corpus=corpora.output)
     release = ReleaseOperator(
         task_id="release",
         **COMMON,
         **INDEX_ARGS,
+        **task_resources("release"),
         version=VERSION,
         corpora="{{ params.corpora | tojson }}",
         action="promote_anyway",
@@ -142,6 +153,7 @@ with DAG(
     tags=["embedfresh", "override"],
 ):
     RollbackOperator(
-        task_id="move", **COMMON, **INDEX_ARGS, release="{{ params.release }}",
+        task_id="move", **COMMON, **INDEX_ARGS, **task_resources("rollback"),
+        release="{{ params.release }}",
         reason="{{ params.reason }}",
     )  # fmt: skip

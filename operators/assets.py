@@ -1,5 +1,6 @@
 """The Assets a release announces (:mod:`embedfresh.operators.release`): the model and,
-for each corpus it carries, the corpus's embeddings.
+for each corpus it carries, the corpus's embeddings; and the Asset of a candidate's
+embedding set, announced when it is verified (never the live one).
 
 An operator whose Asset depends on templated arguments (``"{{ params.model }}"``) cannot
 name it when the DAG is parsed: it then emits through an :class:`~airflow.sdk.AssetAlias`
@@ -19,9 +20,13 @@ MODEL_PROMOTIONS_ALIAS = "embedfresh-model-promotions"
 #: Alias a release or rollback emits the embedding Assets of its corpora through.
 EMBEDDING_PUBLICATIONS_ALIAS = "embedfresh-embedding-publications"
 
+#: Alias a verify task emits its embedding set's Asset through (model, version and corpus
+#: are known at run time).
+EMBEDDING_SETS_ALIAS = "embedfresh-embedding-sets"
 
 MODEL_ASSET_URI = "embedfresh://models/{model}"
 EMBEDDINGS_ASSET_URI = "embedfresh://embeddings/{model}/{corpus}"
+EMBEDDING_SET_ASSET_URI = "embedfresh://embedding-sets/{model}/{version}/{corpus}"
 
 
 def model_asset(model: str) -> Asset:
@@ -32,6 +37,12 @@ def model_asset(model: str) -> Asset:
 def embeddings_asset(model: str, corpus: str) -> Asset:
     """The Asset a release of ``model`` carrying ``corpus``'s embeddings updates."""
     return Asset(EMBEDDINGS_ASSET_URI.format(model=model, corpus=corpus))
+
+
+def embedding_set_asset(model: str, version: str, corpus: str) -> Asset:
+    """The Asset of one verified embedding set: ``corpus`` embedded with model ``version``,
+    live or not."""
+    return Asset(EMBEDDING_SET_ASSET_URI.format(model=model, version=version, corpus=corpus))
 
 
 def is_templated(*values: Any) -> bool:

@@ -20,9 +20,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from embedfresh.operators.assets import EMBEDDING_SETS_ALIAS, embedding_set_asset
 from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.registry import production_version
@@ -190,7 +191,7 @@ def corpora_list(value: Sequence[str] | str) -> list[str]:
 class _EmbedJobOperator(EmbedfreshJobOperator):
     template_fields: Sequence[str] = (*EmbedfreshJobOperator.template_fields, "version", "corpus")
 
-    def __init__(self, *, version: str, corpus: str = "products", **kwargs: Any) -> None:
+    def __init__(self, *, version: str, corpus: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.version = version
         self.corpus = corpus
@@ -520,12 +521,40 @@ def _reused(planned: dict, children: list[dict], key: str) -> int:
 class EmbeddingVerifyOperator(_EmbedJobOperator):
     """Verifies a corpus's embeddings and writes their manifest (``python -m embedfresh.jobs.embed_verify``).
 
-    Announces nothing: an embedding set goes live, and its Asset
-    ``embedfresh://embeddings/<model>/<corpus>`` is updated, only with the release that
-    carries it (:class:`~embedfresh.operators.ReleaseOperator`), together with its model.
+    Announces the embedding set it verified, ``embedfresh://embedding-sets/<model>/<version>/<corpus>``
+    (through the alias ``embedfresh-embedding-sets``; extra: rows, manifest), never the
+    live one: ``embedfresh://embeddings/<model>/<corpus>`` is updated only with the
+    release that carries it (:class:`~embedfresh.operators.ReleaseOperator`), together
+    with its model. A search service schedules on the live Asset; a candidate's set is
+    for whoever wants to look at it before it goes live.
 
     :param version: model version the embeddings come from (templated).
     :param corpus: corpus name (templated).
     """
 
     job_name = "embed_verify"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", [AssetAlias(EMBEDDING_SETS_ALIAS)])
+        super().__init__(**kwargs)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        return self.announce(context, super().execute(context))
+
+    def execute_complete(
+        self,
+        context: Any,
+        event: dict[str, Any] | None = None,
+        result: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return self.announce(context, super().execute_complete(context, event, result))
+
+    def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
+        """Add the verified set's Asset event to the alias (its name is known only now)."""
+        alias = AssetAlias(EMBEDDING_SETS_ALIAS)
+        if alias in self.outlets:
+            context["outlet_events"][alias].add(
+                embedding_set_asset(str(self.model), str(self.version), str(self.corpus)),
+                extra={k: summary.get(k) for k in ("rows", "manifest")},
+            )
+        return summary

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import AssetAlias
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
@@ -31,7 +31,9 @@ from embedfresh.operators.assets import (
 from embedfresh.operators.base import EmbedfreshJobOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import corpora_list
+from embedfresh.operators.gate import PASS, QualityGateOperator, followed_task
 from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.reports import gate_report_name
 
 if TYPE_CHECKING:
     from embedfresh.core.results import ResultTicket
@@ -127,17 +129,25 @@ class SearchCheckOperator(_CorpusOperator):
     :param version: as :class:`IndexLoadOperator`'s (templated).
     :param regression: ``enforce`` (default) or ``report`` (a person's promote-anyway:
         the comparison is reported, not enforced) (templated).
+    :param gate: the run's gate whose recall@10 decision the check may rest on when
+        search over the whole corpus is undecided; None: the DAG's only gate.
     """
 
     job_name = "search_check"
     template_fields: Sequence[str] = (*_CorpusOperator.template_fields, "regression")
 
-    def __init__(self, *, regression: str = "enforce", **kwargs: Any) -> None:
+    def __init__(
+        self, *, regression: str = "enforce", gate: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.regression = regression
+        self.gate = followed_task(self, gate, QualityGateOperator, "gate")
 
     def job_specific_settings(self) -> dict[str, Any]:
-        return {**super().job_specific_settings(), "regression": self.regression}
+        settings = {**super().job_specific_settings(), "regression": self.regression}
+        if self.gate:
+            settings["gate_report"] = gate_report_name(self.gate)
+        return settings
 
 
 class _AnnouncesRelease(VectorIndexOperator):
@@ -146,8 +156,8 @@ class _AnnouncesRelease(VectorIndexOperator):
     when the job is done)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        if "outlets" not in kwargs:
-            model = kwargs.get("model", "tiny")
+        model = kwargs.get("model")
+        if "outlets" not in kwargs and model is not None:  # no model: the base says so
             kwargs["outlets"] = [
                 AssetAlias(MODEL_PROMOTIONS_ALIAS) if is_templated(model) else model_asset(model),
                 AssetAlias(EMBEDDING_PUBLICATIONS_ALIAS),
@@ -192,9 +202,11 @@ class ReleaseOperator(_AnnouncesRelease):
     version with every corpus's verified embeddings, index table and passed search check,
     by compare-and-swap on the registry; then switches the index's live views.
 
-    ``action="promote"`` (default) needs the run's gate PASS (exit 3 otherwise, no retry,
-    the live release untouched); ``action="promote_anyway"`` is a person's override and
-    needs a ``reason`` (recorded with ``who``).
+    ``action="promote"`` (default) follows the run's gate: any decision but PASS skips
+    the task (a decision, not an error: the run stays green, the live release
+    untouched); the job itself refuses a non-PASS gate report (exit 3, no retry).
+    ``action="promote_anyway"`` is a person's override and needs a ``reason`` (recorded
+    with ``who``).
 
     :param corpora: the corpora released with the model (templated: a list, or a JSON
         list as a string, e.g. ``"{{ params.corpora | tojson }}"``).
@@ -202,6 +214,10 @@ class ReleaseOperator(_AnnouncesRelease):
     :param action: ``promote`` or ``promote_anyway`` (templated).
     :param reason: why (``promote_anyway``) (templated).
     :param who: who (``promote_anyway``); default the user who triggered the run (templated).
+    :param gate: the task id of the :class:`~embedfresh.operators.QualityGateOperator`
+        the release follows (its decision, its report); None: the DAG's only gate
+        (several: refused when the DAG file is parsed), or the run's ``gate.json`` when
+        the DAG has none (a gate of another DAG of the same run id).
     """
 
     job_name = "release"
@@ -217,6 +233,7 @@ class ReleaseOperator(_AnnouncesRelease):
         action: str = "promote",
         reason: str = "",
         who: str = TRIGGERING_USER,
+        gate: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -226,9 +243,36 @@ class ReleaseOperator(_AnnouncesRelease):
         self.action = action
         self.reason = reason
         self.who = who
+        self.gate = followed_task(self, gate, QualityGateOperator, "gate")
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        self.follow_gate(context)
+        return super().execute(context)
+
+    def follow_gate(self, context: Any) -> None:
+        """Skip unless the gate this release follows said PASS (``promote`` only).
+
+        :raises AirflowSkipException: its decision (XCom) is not PASS.
+        :raises AirflowFailException: the DAG has several gates and none is named.
+        """
+        try:
+            self.gate = followed_task(self, self.gate, QualityGateOperator, "gate")
+        except ValueError as e:
+            raise AirflowFailException(str(e)) from e
+        if self.action != "promote" or not self.gate:
+            return
+        decision = context["ti"].xcom_pull(task_ids=self.gate)
+        verdict = decision.get("verdict") if isinstance(decision, dict) else None
+        if verdict is not None and verdict != PASS:
+            raise AirflowSkipException(
+                f"gate {self.gate!r} said {verdict} ({decision.get('reason')}): nothing is "
+                f"released, the live release stays as it is; decision {decision.get('report')}"
+            )
 
     def job_specific_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"corpora": corpora_list(self.corpora), "action": self.action}
+        if self.gate:
+            settings["gate_report"] = gate_report_name(self.gate)
         if self.version:
             settings["version"] = self.version
         if self.action != "promote":

@@ -334,6 +334,7 @@ def main() -> None:
 
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.data.generate import write_dataset
+    from embedfresh.operators.resources import pool_command
 
     store = ArtifactStore(root)
     generated = write_dataset(
@@ -361,6 +362,12 @@ def main() -> None:
     migrate = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True)
     if migrate.returncode != 0:
         sys.exit(f"demo: airflow db migrate failed:\n{migrate.stderr[-3000:]}")
+    # The pool the DAGs' device steps take: `make airflow` on this home schedules them.
+    command = pool_command()
+    if command is not None:
+        pool = subprocess.run([airflow, *command[1:]], env=env, capture_output=True, text=True)
+        if pool.returncode != 0:
+            sys.exit(f"demo: {' '.join(command[:4])} failed:\n{pool.stderr[-3000:]}")
 
     conf = {"artifact_root": root, "model": "tiny", "backend": "cpu", "epochs": args.epochs}
     days = [start + dt.timedelta(days=i) for i in range(2)]

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from embedfresh.operators.resources import pool_command
 from tests.conftest import ROOT, job_env
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -69,6 +70,16 @@ def _migrated_template() -> Path:
             timeout=300,
         )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        # The accelerator pool the DAGs' device steps take (operators/resources.py), as
+        # `make airflow`, the demo and docker-compose.yaml create it.
+        pool = subprocess.run(
+            [AIRFLOW, *pool_command()[1:]],
+            env=airflow_env(home),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert pool.returncode == 0, pool.stdout[-2000:] + pool.stderr[-3000:]
         _template = home
     return _template
 

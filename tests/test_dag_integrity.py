@@ -51,6 +51,9 @@ for dag_id, dag in bag.dags.items():
                 "retry_exponential_backoff": t.retry_exponential_backoff,
                 "retry_delay_s": t.retry_delay.total_seconds(),
                 "template_fields": list(t.template_fields),
+                "pool": t.pool,
+                "timeout_s": t.execution_timeout and t.execution_timeout.total_seconds(),
+                "job": getattr(getattr(t, "operator_class", type(t)), "job_name", None),
             }
             for t in dag.tasks
         },
@@ -111,6 +114,28 @@ def test_dags_parse_without_errors_cycles_or_heavy_imports(tmp_path: Path):
     assert all(d["has_doc"] for d in facts["dags"].values())
 
 
+def test_every_job_task_has_a_time_limit_and_device_steps_take_the_pool(tmp_path: Path):
+    """Every job task of every DAG has an ``execution_timeout`` from the per-step setting,
+    and the steps that hold an accelerator (health, compile, train, parity) take the
+    accelerator pool, so two DAGs never share a device; a setting changes one step."""
+    facts = parse_dags(tmp_path, {"EMBEDFRESH_TIMEOUT_TRAIN_SECONDS": "123"})
+    jobs = {
+        (dag_id, task_id): task
+        for dag_id, dag in facts["dags"].items()
+        for task_id, task in dag["tasks"].items()
+        if task["job"] is not None
+    }
+    assert len(jobs) >= 20, sorted(jobs)
+    assert not [k for k, t in jobs.items() if not t["timeout_s"]], "job tasks without a limit"
+    device = {k for k, t in jobs.items() if t["job"] in {"health", "compile", "train", "parity"}}
+    assert {t["pool"] for k, t in jobs.items() if k in device} == {"embedfresh_accelerator"}
+    assert {t["pool"] for k, t in jobs.items() if k not in device} == {"default_pool"}
+    assert jobs[("embedding_model_refresh", "train")]["timeout_s"] == 123
+    assert jobs[("embedding_model_refresh", "compile")]["timeout_s"] == 7200
+    bad = parse_dags(tmp_path, {"EMBEDFRESH_TIMEOUT_GATE_SECONDS": "soon"}, allow_errors=True)
+    assert any("EMBEDFRESH_TIMEOUT_GATE_SECONDS" in e for e in bad["import_errors"].values())
+
+
 def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     dag = parse_dags(tmp_path)["dags"]["embedding_model_refresh"]
     tasks = dag["tasks"]
@@ -120,7 +145,8 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "train": ["compile"],
         "evaluate": ["train"],
         "gate": ["evaluate"],
-        "corpora": ["gate"],
+        "gate_passed": ["gate"],
+        "corpora": ["gate_passed"],
         "list_shards": ["corpora"],
         "embed": ["list_shards"],
         "verify": ["corpora", "embed"],

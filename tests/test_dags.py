@@ -142,6 +142,19 @@ def doc_sources(label: str, text: str) -> list[DagSource]:
 
 SOURCES = discover()
 
+
+def live_events(facts: dict) -> list:
+    """The run's Asset events but those of embedding sets (what goes live)."""
+    return [e for e in facts["asset_events"] if not e[0].startswith(SET_ASSET)]
+
+
+def set_events(facts: dict) -> dict:
+    """The run's embedding-set Asset events (a verified set, live or not): uri -> extra."""
+    return {uri: extra for uri, extra in facts["asset_events"] if uri.startswith(SET_ASSET)}
+
+
+SET_ASSET = "embedfresh://embedding-sets/"
+
 # -- running one DAG -----------------------------------------------------------------
 
 DAG_TEST = (
@@ -268,7 +281,10 @@ def check_embedding_model_refresh(run: Run) -> None:
     """Every task succeeds, from the health check to the release: the candidate embedded,
     verified, loaded into the vector index and search-checked before it went live."""
     facts, output, artifacts, reports = run.facts, run.output, run.artifacts, run.reports
-    single = ["health", "compile", "train", "evaluate", "gate", "corpora", "list_shards", "release"]
+    single = [
+        "health", "compile", "train", "evaluate", "gate", "gate_passed", "corpora",
+        "list_shards", "release",
+    ]  # fmt: skip
     per_corpus = ["verify", "load_index", "search_check"]
     assert facts["tasks"] == sorted(
         [
@@ -309,7 +325,12 @@ def check_embedding_model_refresh(run: Run) -> None:
     with open_index(run.root) as index:
         assert index.count(products["index"]["table"]) == DATA["corpus_rows"]
         assert index.live_table("tiny", "products") == products["index"]["table"]
-    assert facts["asset_events"] == [
+    assert set_events(facts) == {
+        f"embedfresh://embedding-sets/tiny/{run_id}/products": {
+            "rows": DATA["corpus_rows"], "manifest": f"file://{manifest}"
+        }
+    }  # fmt: skip
+    assert live_events(facts) == [
         [
             "embedfresh://embeddings/tiny/products",
             {
@@ -329,7 +350,8 @@ def check_embedding_model_refresh(run: Run) -> None:
 
 def check_corpus_embeddings(run: Run) -> None:
     """The version resolved from the registry, one mapped embed task per corpus shard,
-    the manifest; no Asset event (an embedding set goes live only with a release)."""
+    the manifest; the set's own Asset event, not the live embeddings' (an embedding set
+    goes live only with a release)."""
     facts, output = run.facts, run.output
     assert facts["tasks"] == sorted(
         [
@@ -342,7 +364,8 @@ def check_corpus_embeddings(run: Run) -> None:
 
     manifest_path = run.artifacts / "embeddings" / "tiny" / "v1" / "products" / "_MANIFEST.json"
     assert manifest_path.exists()
-    assert facts["asset_events"] == [], output
+    assert live_events(facts) == [], output
+    assert list(set_events(facts)) == ["embedfresh://embedding-sets/tiny/v1/products"], output
 
 
 def with_v1_production_and_v2(root: str) -> None:
@@ -392,7 +415,7 @@ def check_promote_anyway(run: Run) -> None:
     assert check["regression"].get("mode") == "report" or check["regression"]["verdict"] in (
         "NOT_COMPARED", "NOT_MEASURED",
     )  # fmt: skip
-    assert [e[0] for e in facts["asset_events"]] == [
+    assert [e[0] for e in live_events(facts)] == [
         "embedfresh://embeddings/tiny/products",
         "embedfresh://models/tiny",
     ], run.output
@@ -466,49 +489,63 @@ def check_accelerator_parity(run: Run) -> None:
         assert interval == [TRAIN_DAY, "2026-01-02"], (side, interval)
 
 
-PINNED = "pinned-v1"
+DOCS_ROWS, DOCS_SHARD_ROWS = 96, 48
 
 
-def with_pinned_version(root: str) -> None:
-    """A committed model version (random-init tiny weights) that is not production:
-    what reuse_operators embeds with."""
+def with_two_corpora(root: str) -> None:
+    """The products data set and corpus, and a second corpus, ``docs``, of two shards."""
     from embedfresh.core.storage import ArtifactStore
-    from embedfresh.ml.checkpoint import cpu_state_dict
-    from embedfresh.ml.model import versions
-    from embedfresh.ml.model.presets import get_spec
+    from embedfresh.ml.data.generate import write_dataset
 
     write_data(root)
-    spec = get_spec("tiny")
-    weights = cpu_state_dict(versions.build_model(spec, 0))
-    versions.publish(ArtifactStore(root), spec, PINNED, weights, {})
+    write_dataset(
+        ArtifactStore(root), "docs", 1, DAY1, 1, 32, 32, "docs", DOCS_ROWS, DOCS_SHARD_ROWS
+    )
 
 
 def check_reuse_operators(run: Run) -> None:
-    """The operators chained another team's way (health -> embed, all shards in one
-    unmapped task -> verify, pinned version): the embeddings read back from the store
-    match the corpus, id for id."""
+    """Another team's shape (health, train, evaluate under its own task id, two gates on
+    different metrics, two corpora embedded side by side from the candidate, no
+    promote): every gate and embed has its own report, each XCom points at its own, the
+    verified sets announce themselves and nothing goes live."""
     facts, output, artifacts = run.facts, run.output, run.artifacts
-    assert facts["tasks"] == [
-        ["embed_all", -1, "success"],
-        ["health", -1, "success"],
-        ["verify", -1, "success"],
-    ], output
-    assert facts["xcom"]["health"]["verdict"] == "PASS", facts["xcom"]
-
-    # The manifest's rows and each part's rows match the corpus, id for id.
-    out = artifacts / "embeddings/tiny" / PINNED / "products"
-    manifest = json.loads((out / "_MANIFEST.json").read_text())
-    assert manifest["version"] == PINNED
-    assert manifest["rows"] == DATA["corpus_rows"] == facts["xcom"]["verify"]["rows"]
-    corpus_ids = sorted(
-        i
-        for p in (artifacts / "corpora/products").glob("part-*.parquet")
-        for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()
-    )
-    embedded = [pq.read_table(out / name) for name in sorted(manifest["parts"])]
-    assert sorted(i for t in embedded for i in t.column("id").to_pylist()) == corpus_ids
-    assert {v for t in embedded for v in t.column("model_version").to_pylist()} == {PINNED}
-    assert facts["asset_events"] == [], output
+    tasks = ("health", "train", "evaluate_candidate", "head_gate", "recall_gate")
+    per_corpus = [f"{t}_{c}" for t in ("embed", "verify") for c in ("products", "docs")]
+    assert facts["tasks"] == sorted([t, -1, "success"] for t in (*tasks, *per_corpus)), output
+    run_id = facts["xcom"]["train"]["version"]
+    reports = artifacts / "runs/tiny" / run_id / "reports"
+    # The evaluation under its own task id, and each gate's decision in its own report.
+    assert (reports / "eval-evaluate_candidate.json").exists() and not (
+        reports / "eval.json"
+    ).exists()
+    gates = {}
+    for task, metrics in (("head_gate", ["accuracy", "auc"]), ("recall_gate", ["recall_at_10"])):
+        xcom = facts["xcom"][task]
+        assert xcom["report"] == f"file://{reports / f'gate-{task}.json'}", xcom
+        gates[task] = json.loads((reports / f"gate-{task}.json").read_text())
+        assert [m["metric"] for m in gates[task]["metrics"]] == metrics
+        assert [m["metric"] for m in xcom["metrics"]] == metrics
+        assert all(m["ci_low"] <= m["d"] <= m["ci_high"] for m in xcom["metrics"]), xcom
+        assert xcom["verdict"] == gates[task]["verdict"] and xcom["candidate"] == run_id
+        assert (reports / f"gate-{task}.svg").exists() and (
+            reports / f"gate-{task}.vl.json"
+        ).exists()
+    assert not (reports / "gate.json").exists()
+    # Each corpus embedded and verified into its own set, its report and XCom its own.
+    for corpus, rows in (("products", DATA["corpus_rows"]), ("docs", DOCS_ROWS)):
+        embed = json.loads((reports / f"embed-{corpus}.json").read_text())
+        assert embed["corpus"] == corpus, embed
+        manifest = artifacts / "embeddings/tiny" / run_id / corpus / "_MANIFEST.json"
+        verified = facts["xcom"][f"verify_{corpus}"]
+        assert verified["manifest"] == f"file://{manifest}" and verified["rows"] == rows
+        assert json.loads(manifest.read_text())["rows"] == rows
+    # The candidate's sets announce themselves; nothing live, no registry.
+    assert live_events(facts) == [], output
+    assert sorted(set_events(facts)) == [
+        f"embedfresh://embedding-sets/tiny/{run_id}/docs",
+        f"embedfresh://embedding-sets/tiny/{run_id}/products",
+    ]
+    assert not (artifacts / "models/tiny/registry.json").exists()
 
 
 # The README's example: minilm's production version over a "reviews" corpus. Two shards
@@ -532,7 +569,7 @@ def _table(store, rel: str, columns: list[str] | None = None) -> pa.Table:
 def check_reviews_embeddings(run: Run) -> None:
     """Health, minilm's production version from the registry, one mapped embed task per
     shard of the reviews corpus, verify: the embeddings in the store match the corpus,
-    id for id. No Asset event: an embedding set goes live only with a release."""
+    id for id. No live Asset event: an embedding set goes live only with a release."""
     from embedfresh.core.storage import ArtifactStore
 
     facts, output = run.facts, run.output
@@ -561,7 +598,7 @@ def check_reviews_embeddings(run: Run) -> None:
     embedded = [_table(store, f"{out}/{name}") for name in sorted(manifest["parts"])]
     assert sorted(i for t in embedded for i in t.column("id").to_pylist()) == corpus_ids
     assert {v for t in embedded for v in t.column("model_version").to_pylist()} == {"v1"}
-    assert facts["asset_events"] == [], output
+    assert live_events(facts) == [], output
 
 
 CASES: dict[str, DagCase] = {
@@ -601,11 +638,18 @@ CASES: dict[str, DagCase] = {
     ),
     "reuse_operators": DagCase(
         check_reuse_operators,
-        setup=with_pinned_version,
-        conf={"version": PINNED},
+        setup=with_two_corpora,
         logical_date=DAY2_MIDNIGHT,
-        xcom_tasks=("health", "embed_all", "verify"),
-        timeout=300,
+        xcom_tasks=(
+            "train",
+            "head_gate",
+            "recall_gate",
+            "embed_products",
+            "embed_docs",
+            "verify_products",
+            "verify_docs",
+        ),
+        timeout=400,
     ),
     "reviews_embeddings": DagCase(
         check_reviews_embeddings,

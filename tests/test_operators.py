@@ -138,7 +138,9 @@ def test_operators_build_their_jobs_settings():
 
 
 def test_defaults_are_templates_and_dict_fields_render_as_json():
-    op = IncrementalTrainingOperator(task_id="t", artifact_root="{{ params.artifact_root }}")
+    op = IncrementalTrainingOperator(
+        task_id="t", model="tiny", artifact_root="{{ params.artifact_root }}"
+    )
     assert op.run_id == "{{ run_id }}"
     assert op.data_interval_start is None and op.day == ""
     assert op.template_fields_renderers == {
@@ -148,10 +150,14 @@ def test_defaults_are_templates_and_dict_fields_render_as_json():
         "check_inputs": "json",
     }
     with pytest.raises(ValueError, match="unknown execution_mode 'kubernetes'; registered: ") as e:
-        EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="kubernetes")
+        EvaluationOperator(
+            task_id="e", model="tiny", artifact_root="file:///r", execution_mode="kubernetes"
+        )
     assert "aws_batch" in str(e.value) and "local" in str(e.value)
     with pytest.raises(ValueError, match="needs its runner settings, e.g. batch="):
-        EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="aws_batch")
+        EvaluationOperator(
+            task_id="e", model="tiny", artifact_root="file:///r", execution_mode="aws_batch"
+        )
 
 
 # --- the release side: index load, search check, release, rollback, garbage collection
@@ -210,8 +216,8 @@ def test_release_side_templates_render_from_the_runs_params_and_user():
             release="{{ params.release }}", reason="{{ params.reason }}",
         )  # fmt: skip
         check = SearchCheckOperator(
-            task_id="check", artifact_root="{{ params.root }}", corpus="{{ params.corpus }}",
-            regression="{{ params.regression }}",
+            task_id="check", model="tiny", artifact_root="{{ params.root }}",
+            corpus="{{ params.corpus }}", regression="{{ params.regression }}",
         )  # fmt: skip
     params = {
         "root": "file:///r", "model": "minilm", "corpora": ["products", "docs"],
@@ -236,7 +242,9 @@ def test_release_side_templates_render_from_the_runs_params_and_user():
     assert (cfg.corpus, cfg.regression, cfg.target_version) == ("docs", "report", "manual__1")
 
     # A scheduled run has no triggering user: a person's move is refused by the job.
-    unattended = RollbackOperator(task_id="r2", artifact_root="file:///r", release="x", reason="y")
+    unattended = RollbackOperator(
+        task_id="r2", model="tiny", artifact_root="file:///r", release="x", reason="y"
+    )
     context["dag_run"] = SimpleNamespace(triggering_user_name=None)
     unattended.render_template_fields(context, dag.get_template_env())
     assert unattended.who == ""
@@ -257,8 +265,8 @@ def test_a_release_and_a_rollback_announce_the_model_asset_or_the_alias_when_tem
             EMBEDDING_PUBLICATIONS_ALIAS,
         ]
     for cls in (IndexLoadOperator, SearchCheckOperator):  # nothing is live before the release
-        assert cls(task_id="x", artifact_root="r", corpus="docs").outlets == []
-    assert GarbageCollectOperator(task_id="gc", artifact_root="r").outlets == []
+        assert cls(task_id="x", model="tiny", artifact_root="r", corpus="docs").outlets == []
+    assert GarbageCollectOperator(task_id="gc", model="tiny", artifact_root="r").outlets == []
 
 
 def test_an_index_connection_is_refused_on_aws_batch():
@@ -267,8 +275,8 @@ def test_an_index_connection_is_refused_on_aws_batch():
     connection is even read (there is none named ``vectors`` here)."""
     ticket = ResultTicket(name="load", attempt_id="a1")
     common = dict(
-        artifact_root="s3://bucket/p", run_id="r1", corpus="docs", execution_mode="aws_batch",
-        batch={"job_queue": "q", "job_definition": "d"},
+        artifact_root="s3://bucket/p", model="tiny", run_id="r1", corpus="docs",
+        execution_mode="aws_batch", batch={"job_queue": "q", "job_definition": "d"},
     )  # fmt: skip
     with pytest.raises(AirflowFailException, match=f"give the job definition {INDEX_DSN_ENV}"):
         IndexLoadOperator(task_id="load", index_conn_id="vectors", **common).build_job_spec(ticket)
@@ -340,6 +348,7 @@ def root(tmp_path: Path) -> str:
 
 
 def script(code: str, root: str = "file:///unused", **kwargs: Any) -> ScriptOperator:
+    kwargs.setdefault("model", "tiny")
     return ScriptOperator(task_id="script", artifact_root=root, run_id="r1", code=code, **kwargs)
 
 
@@ -437,7 +446,13 @@ def test_a_real_job_failing_on_bad_input_fails_the_task_with_its_message(tmp_pat
         release.execute({})
     assert "exit code 2" in str(info.value)
     rollback = RollbackOperator(
-        task_id="rollback", artifact_root=root, run_id="r2", release="r0", reason="x", who="al"
+        task_id="rollback",
+        model="tiny",
+        artifact_root=root,
+        run_id="r2",
+        release="r0",
+        reason="x",
+        who="al",
     )
     rollback.runner.cwd = str(ROOT)
     with pytest.raises(AirflowFailException, match="rollback: error: cannot roll tiny back to r0"):
@@ -702,7 +717,7 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
         EmbeddingVerifyOperator,
     )
 
-    common = dict(artifact_root="file:///r", run_id="r1")
+    common = dict(artifact_root="file:///r", run_id="r1", model="tiny")
     embed = BatchEmbeddingOperator(task_id="e", **common, version="v1", shards=[0, 2])
     spec = embed.build_job_spec()
     assert spec.job == "embed"
@@ -729,15 +744,30 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
     assert settings["eval_every"] == 5 and settings["data_interval_start"] == "2026-01-01"
 
 
-def test_verify_announces_nothing_the_release_does():
-    """An embedding set's Asset is updated only with the release that carries it."""
-    from embedfresh.operators import EmbeddingVerifyOperator
+def test_verify_announces_its_own_set_never_the_live_embeddings(root: str):
+    """A verified candidate set announces its own Asset (model, version, corpus); the live
+    embeddings Asset is updated only with the release that carries it."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
 
+    from embedfresh.operators import EmbeddingVerifyOperator
+    from embedfresh.operators.assets import EMBEDDING_SETS_ALIAS
+
+    with pytest.raises(TypeError, match="corpus"):
+        EmbeddingVerifyOperator(task_id="v", artifact_root="r", model="minilm", version="v1")
     for corpus in ("docs", "{{ params.corpus }}"):
         verify = EmbeddingVerifyOperator(
             task_id="v", artifact_root="r", model="minilm", corpus=corpus, version="v1"
         )
-        assert verify.outlets == []
+        assert verify.outlets == [AssetAlias(EMBEDDING_SETS_ALIAS)]
+    events = OutletEventAccessors()
+    summary = {"rows": 7, "manifest": "file:///m/docs/_MANIFEST.json", "parts": 1}
+    verify = EmbeddingVerifyOperator(
+        task_id="v", artifact_root=root, model="minilm", corpus="docs", version="v1"
+    )
+    assert verify.announce({"outlet_events": events}, summary) is summary
+    [event] = events[AssetAlias(EMBEDDING_SETS_ALIAS)].asset_alias_events
+    assert event.dest_asset_key.uri == "embedfresh://embedding-sets/minilm/v1/docs"
+    assert event.extra == {"rows": 7, "manifest": "file:///m/docs/_MANIFEST.json"}
 
 
 def _corpus_dir(root: Path, name: str, shards: int) -> None:
@@ -837,7 +867,12 @@ def test_corpora_are_checked_and_their_shards_listed_as_each_embed_tasks_kwargs(
     configs = [
         config_of(
             BatchEmbeddingOperator(
-                task_id="embed", artifact_root=root, run_id="r1", version="v1", **chunk
+                task_id="embed",
+                artifact_root=root,
+                model="tiny",
+                run_id="r1",
+                version="v1",
+                **chunk,
             ).build_job_spec(),
             EmbedConfig,
         )
@@ -892,7 +927,7 @@ def test_health_and_compile_operators_build_their_jobs_settings():
 def test_a_failed_health_check_fails_the_task_without_retry(tmp_path: Path):
     # One CPU process sees one device; expecting 10 is a real failed check (exit 4).
     op = AcceleratorHealthOperator(
-        task_id="health", artifact_root=f"file://{tmp_path}", run_id="r1",
+        task_id="health", model="tiny", artifact_root=f"file://{tmp_path}", run_id="r1",
         job_settings={"expected_devices": 10, "collectives": False},
     )  # fmt: skip
     op.runner.cwd = str(ROOT)

@@ -88,9 +88,10 @@ def reports(model: str, run_id: str) -> str:
     return f"{run_dir(model, run_id)}/reports"
 
 
-def gate_chart(model: str, run_id: str) -> str:
-    """The gate decision's chart, a Vega-Lite spec (:mod:`embedfresh.core.quality_chart`)."""
-    return f"{reports(model, run_id)}/gate.vl.json"
+def gate_chart(model: str, run_id: str, name: str = "gate") -> str:
+    """The chart of gate decision ``name`` (``reports/{name}.json``), a Vega-Lite spec
+    (:mod:`embedfresh.core.quality_chart`)."""
+    return f"{reports(model, run_id)}/{safe_id(name, 'report kind')}.vl.json"
 
 
 def costs(model: str, run_id: str) -> str:

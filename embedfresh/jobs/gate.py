@@ -6,8 +6,12 @@ promotion) with the candidate's recall@10 pool definition, refuses to compare re
 whose pool definitions differ, decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
 (:mod:`embedfresh.ml.gate.decision`) and writes ``reports/gate.json`` with an SVG of the
 intervals against the tolerance band and the Vega-Lite chart the web UI shows
-(``reports/gate.vl.json``, :mod:`embedfresh.core.quality_chart`). Anything but PASS exits with code 3; the
-registry is not touched here (:mod:`embedfresh.jobs.promote` moves it, only after a PASS).
+(``reports/gate.vl.json``, :mod:`embedfresh.core.quality_chart`); a gate of another name
+(``report_name``) writes ``reports/{report_name}.*`` instead. Anything but PASS exits with
+code 3, unless ``refusal_exits=false`` in ``no_regression`` mode: then the decision is
+the job's outcome (exit 0, the verdict in its summary), which is how the Airflow
+operator runs it (a declined candidate is a decision, not an error). The registry is
+not touched here (:mod:`embedfresh.jobs.release` moves it, only after a PASS).
 """
 
 from __future__ import annotations
@@ -32,9 +36,6 @@ from embedfresh.ml.model import versions
 
 log = logging.getLogger("embedfresh.jobs.gate")
 
-CANDIDATE_REPORT = "eval"
-REFERENCE_REPORT = "eval-reference"
-
 
 def _eval_report(store: ArtifactStore, cfg: GateConfig, name: str) -> dict[str, Any] | None:
     rel = layout.report(cfg.model, cfg.run_id, name)
@@ -50,11 +51,12 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     check_parameters(cfg.metrics, cfg.mode, cfg.tolerance)
     registry = Registry(store, cfg.model)
     production = registry.production_version()  # a corrupted registry is refused here
-    candidate = _eval_report(store, cfg, CANDIDATE_REPORT)
+    candidate = _eval_report(store, cfg, cfg.eval_report)
     if candidate is None or candidate.get("version") != cfg.candidate_version:
         raise BadInputError(
-            f"no eval report for version {cfg.candidate_version} in run {cfg.run_id}: "
-            "run the evaluate job first"
+            f"no eval report for version {cfg.candidate_version} in run {cfg.run_id} "
+            f"(reports/{cfg.eval_report}.json): run the evaluate job first (its report_name "
+            "is the gate's eval_report)"
         )
     if candidate.get("dataset") != cfg.dataset:
         raise BadInputError(
@@ -74,7 +76,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         ref_version, source = cfg.reference, "pinned"
         check_version(store, cfg.model, ref_version)
 
-    reference = _eval_report(store, cfg, REFERENCE_REPORT)
+    reference = _eval_report(store, cfg, cfg.reference_report)
     if (
         reference is None
         or reference.get("version") != ref_version
@@ -89,7 +91,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
                 dataset=cfg.dataset,
                 version=ref_version,
                 batch_size=cfg.batch_size,
-                report_name=REFERENCE_REPORT,
+                report_name=cfg.reference_report,
                 recall_pool=pool_definition(candidate)["size"],
             )
         )
@@ -99,9 +101,9 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     if cand_pool != ref_pool:
         raise BadInputError(
             f"recall@10 pools differ: the candidate's eval report used {cand_pool}, the "
-            f"reference's ({REFERENCE_REPORT}.json, version {ref_version}) {ref_pool}; their "
+            f"reference's ({cfg.reference_report}.json, version {ref_version}) {ref_pool}; their "
             "per-query outcomes are not paired. Evaluate the candidate again with the "
-            f"reference's recall_pool, or remove {REFERENCE_REPORT}.json so the gate "
+            f"reference's recall_pool, or remove {cfg.reference_report}.json so the gate "
             "evaluates the reference with the candidate's"
         )
 
@@ -132,23 +134,63 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     }
     # The chart the web UI shows, written before gate.json (the decision stays the last
     # write): a Vega-Lite spec built from the same numbers.
-    chart_rel = layout.gate_chart(cfg.model, cfg.run_id)
+    chart_rel = layout.gate_chart(cfg.model, cfg.run_id, cfg.report_name)
     store.write_json(chart_rel, quality_chart.gate_chart_spec({**result.to_dict(), **details}))
     details["chart"] = store.url(chart_rel)
     report_url = publish_decision(
-        store, cfg.model, cfg.run_id, intervals_svg(result), result.to_dict(), details, started
+        store,
+        cfg.model,
+        cfg.run_id,
+        intervals_svg(result),
+        result.to_dict(),
+        details,
+        started,
+        name=cfg.report_name,
     )
     run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the gate
-    log.info("gate %s: %s", result.verdict, result.reason)
-    if not result.passed:
+    log.info("gate %s: %s (report %s)", result.verdict, result.reason, report_url)
+    if not result.passed and (cfg.refusal_exits or cfg.mode == "parity"):
         raise GateRefusedError(
             f"{result.reason} (candidate {cfg.candidate_version} vs "
             f"{source} {ref_version}; report {report_url})"
         )
+    if not result.passed:
+        log.warning(
+            "gate %s: candidate %s is not released; the decision is the outcome (exit 0)",
+            result.verdict, cfg.candidate_version,
+        )  # fmt: skip
+    return decision_summary(cfg, result.to_dict(), ref_version, report_url)
+
+
+#: The fields of each metric's decision that the summary (the task's XCom) carries.
+METRIC_FIELDS = (
+    "metric",
+    "verdict",
+    "d",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "n",
+    "m_cand",
+    "m_ref",
+)
+
+
+def decision_summary(
+    cfg: GateConfig, decision: dict[str, Any], reference: str, report_url: str
+) -> dict[str, Any]:
+    """What the gate returns (its XCom): the decision, why, what it compared, and each
+    metric's relative difference ``d`` with its interval (docs/ARCHITECTURE.md)."""
     return {
-        "verdict": str(result.verdict),
-        "reason": result.reason,
-        "reference": ref_version,
+        "verdict": str(decision["verdict"]),
+        "mode": cfg.mode,
+        "reason": decision["reason"],
+        "model": cfg.model,
+        "run_id": cfg.run_id,
+        "candidate": cfg.candidate_version,
+        "reference": reference,
+        "tolerance": cfg.tolerance,
+        "metrics": [{k: m.get(k) for k in METRIC_FIELDS} for m in decision["metrics"]],
         "report": report_url,
     }
 

@@ -144,7 +144,7 @@ def _decision(
 ) -> tuple[dict[str, Any] | None, Any]:
     """The run's gate (its verdict, report, d) and the production version it decided
     against (what the compare-and-swap expects; :data:`ANY` for an override)."""
-    rel = layout.report(cfg.model, cfg.run_id, "gate")
+    rel = layout.report(cfg.model, cfg.run_id, cfg.gate_report)
     if not store.exists(rel):
         if cfg.action == PROMOTE:
             raise BadInputError(f"no gate report {store.url(rel)}: run the gate job first")

@@ -313,7 +313,7 @@ def _gate_decided(store: ArtifactStore, cfg: SearchCheckConfig, reference: str) 
     labels over a whole corpus often leave the search comparison undecided at any
     practical eval size (docs/SEARCH.md); the gate's recall@10 over fixed pools of 100
     candidates per query decides on the same queries. None when it did not."""
-    rel = layout.report(cfg.model, cfg.run_id, "gate")
+    rel = layout.report(cfg.model, cfg.run_id, cfg.gate_report)
     if not store.exists(rel):
         return None
     decision = store.read_json(rel)

@@ -1,7 +1,8 @@
-"""A candidate that fails the quality gate stops ``embedding_model_refresh`` at the gate,
-under the real scheduler: the gate task fails on its first try with no retry, the
-candidate's embedding, index load, search check and release never run, and the
-production pointer (registry.json) keeps its exact bytes.
+"""A candidate that fails the quality gate is a decision, not an error, under the real
+scheduler: the gate task succeeds on its first try with the decision (FAIL, each
+metric's d and interval) as its XCom, ``gate_passed`` skips everything after it (the
+candidate's embedding, index load, search check and release never run), the run ends
+green, and the production pointer (registry.json) keeps its exact bytes.
 
 The candidate is made worse the way it happens in production: a bad data partition.
 Production is a model trained on day 1; the run's partition (day 2) has every label
@@ -11,6 +12,7 @@ flipped, so fine-tuning on it wrecks accuracy on the fixed held-out set (measure
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,9 +41,7 @@ def flip_labels(store: ArtifactStore, day) -> None:
     pq.write_table(table.set_column(i, table.schema.field(i), flipped.cast(pa.int8())), part)
 
 
-def test_failed_gate_stops_the_run_and_leaves_production_untouched(
-    refresh_dag: AirflowServer, root: str
-):
+def test_failed_gate_is_a_green_run_that_releases_nothing(refresh_dag: AirflowServer, root: str):
     server = refresh_dag
     store = ArtifactStore(root)
     trained = run_job(
@@ -64,22 +64,30 @@ def test_failed_gate_stops_the_run_and_leaves_production_untouched(
     run = server.wait_for_run(REFRESH, run_id)
     tis = server.task_instances(REFRESH, run_id)
     states = task_states(tis)
-    assert run["state"] == "failed", server.explain(REFRESH, run_id)
+    assert run["state"] == "success", server.explain(REFRESH, run_id)
 
     assert states["train"] == states["evaluate"] == "success", server.explain(REFRESH, run_id)
-    assert states["gate"] == "failed", states
+    assert states["gate"] == states["gate_passed"] == "success", states
     after_gate = (
         "corpora", "list_shards", "embed", "verify", "load_index", "search_check", "release",
     )  # fmt: skip
-    assert {states[t] for t in after_gate} == {"upstream_failed"}, states
+    assert {states[t] for t in after_gate} == {"skipped"}, states
     (gate_ti,) = [ti for ti in tis if ti["task_id"] == "gate"]
     assert gate_ti["try_number"] == 1
-    tries = server.api("GET", f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/gate/tries")
-    assert [t["try_number"] for t in tries["task_instances"]] == [1]
-    # The gate job exited 3 and the operator failed the task for good (no retry).
-    log = server.task_log(REFRESH, run_id, "gate", 1)
-    refused = "embedfresh.jobs.gate failed with exit code 3 (quality gate refused the model), not retrying"
-    assert f"AirflowFailException: {refused}" in log, log
+    # The decision is the gate's XCom: what a notifier, a dashboard or another DAG reads.
+    xcom = server.api(
+        "GET", f"/dags/{REFRESH}/dagRuns/{run_id}/taskInstances/gate/xcomEntries/return_value"
+    )
+    decision = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert decision["verdict"] == "FAIL" and decision["mode"] == "no_regression"
+    accuracy = next(m for m in decision["metrics"] if m["metric"] == "accuracy")
+    assert (
+        accuracy["verdict"] == "FAIL" and accuracy["ci_low"] <= accuracy["d"] <= accuracy["ci_high"]
+    )
+    assert accuracy["ci_high"] < -0.001, accuracy  # worse beyond the 0.1% SLA
+    assert decision["reference"] == "production-run" and decision["candidate"] == run_id
+    log = server.task_log(REFRESH, run_id, "gate_passed", 1)
+    assert "gate FAIL for candidate bad-partition" in log, log
 
     train = store.read_json(layout.report("tiny", run_id, "train"))
     assert train["data_interval"] == [str(DAY2), "2026-01-03"]

@@ -9,7 +9,8 @@ newest partition, which the jobs look up when they start. The refresh runs first
 promotion is the production version that ``corpus_embeddings`` and
 ``accelerator_parity`` start from), ``fleet_health`` beside it; then the other two side
 by side, and a refresh given a day the store does not hold, which fails at its first
-try naming the days there are.
+try naming the days there are. The refresh's device steps and ``fleet_health``'s check
+share the accelerator pool's one slot: they never overlap.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def test_every_dag_runs_to_success_triggered_with_its_defaults(demo_store: Airfl
     server.trigger(REFRESH, "missing-day", None, {"day": "2026-03-01"})
 
     assert_succeeded(server, HEALTH, "defaults-health")
+    # The accelerator pool (one slot): fleet_health's check, triggered beside the
+    # refresh, waited for the slot; no two device steps of the two runs overlapped.
+    device = [
+        ti
+        for dag_id, run_id in ((REFRESH, "defaults-refresh"), (HEALTH, "defaults-health"))
+        for ti in server.task_instances(dag_id, run_id)
+        if ti["pool"] == "embedfresh_accelerator"
+    ]
+    assert sorted(ti["task_id"] for ti in device) == ["compile", "health", "health", "train"]
+    spans = sorted((ti["start_date"], ti["end_date"], ti["dag_id"]) for ti in device)
+    overlaps = [(a, b) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+    assert not overlaps, spans
     assert_succeeded(server, CORPUS, f"defaults-{CORPUS}")
     manifest = store / "embeddings/tiny/defaults-refresh/products/_MANIFEST.json"
     assert json.loads(manifest.read_text())["rows"] == DATA["corpus_rows"]

@@ -44,7 +44,7 @@ import pytest
 
 from embedfresh.core.releases import live_release
 from embedfresh.core.storage import ArtifactStore
-from tests.airflow.server import REFRESH, AirflowServer
+from tests.airflow.server import REFRESH, AirflowServer, task_states
 from tests.airflow.test_gate_failure import flip_labels
 from tests.browser import chromium
 from tests.conftest import DAY2, run_job
@@ -357,11 +357,13 @@ def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_p
         browser.current_url
     )
 
-    # 4. A bad partition lands (the newest day, labels flipped); the next refresh fails
-    #    at the gate and the banner says so, with the numbers; production stays.
+    # 4. A bad partition lands (the newest day, labels flipped); the next refresh's gate
+    #    says FAIL: a decision, so the run is green with the release skipped, and the
+    #    banner says so, with the numbers; production stays.
     flip_labels(store, DAY2)
     bad = server.trigger(REFRESH, "ui-bad-partition", None, {})["dag_run_id"]
-    assert server.wait_for_run(REFRESH, bad, timeout=600)["state"] == "failed"
+    assert server.wait_for_run(REFRESH, bad, timeout=600)["state"] == "success"
+    assert task_states(server.task_instances(REFRESH, bad))["release"] == "skipped"
     browser.get(page)
     banner = wait.until(ec.presence_of_element_located((By.ID, "banner")))
     assert browser.find_element(By.ID, "banner-production").text == run_id, banner.text

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from embedfresh.operators.resources import pool_command
 from tests.airflow.server import AirflowServer, end_session, free_port, start_session
 from tests.conftest import ROOT
 from tests.stack import settings
@@ -157,7 +158,8 @@ def command_lines() -> list[str]:
     """The shell commands that make the stack, as docs/STACK.md lists them: the database
     migration, then one line per component. ``$AIRFLOW_HOME``, ``$EMBEDFRESH_QUEUE`` and
     the workers' ``$WORKER_*_LOG_PORT`` come from the environment."""
-    lines = ["airflow db migrate"]
+    # The accelerator pool the DAGs' device steps take (operators/resources.py).
+    lines = [f"airflow db migrate && {shlex.join(pool_command())}"]
     for name, args in stack_commands().items():
         env = [f"{k}={v}" for k, v in worker_env(name).items()] if name in WORKERS else []
         lines.append(" ".join(["env", *env, "airflow", *args] if env else ["airflow", *args]))

@@ -66,8 +66,21 @@ class GateConfig(JobConfig):
     """Seed of the bootstrap (and of the baseline's init, when it is published)."""
     batch_size: int = Field(default=64, ge=1)
     """Batch size of the reference's evaluation, when the gate has to run it."""
+    report_name: str = "gate"
+    """The decision's report, ``reports/{report_name}.json`` (with its ``.svg`` and
+    ``.vl.json``): one per gate, so two gates of one run never overwrite each other's.
+    Its reference's evaluation is ``eval-reference`` for ``gate``,
+    ``{report_name}-reference`` otherwise."""
+    eval_report: str = "eval"
+    """The candidate's evaluation this gate reads, ``reports/{eval_report}.json``: the
+    ``report_name`` of the evaluate job it follows."""
+    refusal_exits: bool = True
+    """Whether a decision other than PASS exits with code 3 (a person at a shell, a CI
+    script). False: it exits 0 with the decision in its summary, for a scheduler that
+    treats the decision as an outcome, not an error (the Airflow operator in
+    ``no_regression`` mode). ``parity`` always exits 3 on non-PASS."""
 
-    @field_validator("dataset", "version", "reference", "baseline")
+    @field_validator("dataset", "version", "reference", "baseline", "report_name", "eval_report")
     @classmethod
     def _segment(cls, v: str | None) -> str | None:
         return None if v is None else safe_id(v, "name")
@@ -75,6 +88,11 @@ class GateConfig(JobConfig):
     @property
     def candidate_version(self) -> str:
         return self.version or self.run_id
+
+    @property
+    def reference_report(self) -> str:
+        """The reference's evaluation report name (``reports/{name}.json``)."""
+        return "eval-reference" if self.report_name == "gate" else f"{self.report_name}-reference"
 
 
 class PublishModelConfig(JobConfig):

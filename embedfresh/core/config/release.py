@@ -103,11 +103,19 @@ class SearchCheckConfig(_ReleaseCorpusConfig):
     """Bootstrap resamples."""
     seed: int = 0
     """Seed of the bootstrap."""
+    gate_report: str = "gate"
+    """This run's quality gate decision (``reports/{gate_report}.json``) the check may
+    rest on when search over the whole corpus is undecided (``gate_fallback``)."""
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
         return safe_id(v, "dataset")
+
+    @field_validator("gate_report")
+    @classmethod
+    def _report(cls, v: str) -> str:
+        return safe_id(v, "report name")
 
 
 def current_operator() -> str:
@@ -155,6 +163,14 @@ class ReleaseConfig(JobConfig):
     who: str = Field(default_factory=current_operator, min_length=1)
     """Who (``promote_anyway``), recorded in the history; default this process's
     ``user@host`` (the Airflow DAG passes the user who triggered the run)."""
+    gate_report: str = "gate"
+    """The gate decision the release follows, ``reports/{gate_report}.json`` of this
+    run: the ``report_name`` of the gate job (a run may hold several gates)."""
+
+    @field_validator("gate_report")
+    @classmethod
+    def _report(cls, v: str) -> str:
+        return safe_id(v, "report name")
 
     @field_validator("version")
     @classmethod

@@ -1,4 +1,4 @@
-"""Publishing a gate decision: its plot and ``reports/gate.json``."""
+"""Publishing a gate decision: its plot and ``reports/{name}.json`` (``gate.json`` by default)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ def publish_decision(
     decision: dict[str, Any],
     details: dict[str, Any],
     started: float,
+    name: str = "gate",
 ) -> str:
-    """Write a gate decision's plot and ``reports/gate.json``; return the report's URL.
+    """Write a gate decision's plot and ``reports/{name}.json``; return the report's URL.
 
     Shared by the quality gate and the backend parity job, so every decision carries the
     same identification (model, run, DAG, time) that the web UI lists and links.
     """
     base = layout.reports(model, run_id)
-    svg_rel = f"{base}/gate.svg"
+    svg_rel = f"{base}/{layout.safe_id(name, 'report kind')}.svg"
     store.write_bytes(svg_rel, svg.encode())
     report = {
         **decision,
@@ -40,6 +41,6 @@ def publish_decision(
         "plot": store.url(svg_rel),
         "wall_seconds": round(time.perf_counter() - started, 3),
     }
-    report_rel = layout.report(model, run_id, "gate")
+    report_rel = layout.report(model, run_id, name)
     store.write_json(report_rel, report)
     return store.url(report_rel)

@@ -1,10 +1,11 @@
 """A DAG as another team's repository would write it: the embedfresh operators imported
 from the installed package and chained their own way.
 
-Health check, then one unmapped task that embeds every shard of a corpus with a given
-model version, then verification (manifest + Asset event). No training, no gate, no
-registry look-up, no dynamic task mapping: the operators work as they are outside the
-project's own DAGs.
+Health, then train and evaluate a candidate, then two quality gates on different
+metrics side by side (the head's accuracy and AUC; retrieval's recall@10), and no
+promote: the candidate embeds two corpora in parallel (one unmapped task each) and each
+set is verified. Nothing goes live. Every task's report is its own: two gates and two
+embeds of one run never overwrite each other's.
 """
 
 from __future__ import annotations
@@ -17,38 +18,46 @@ from embedfresh.operators import (
     AcceleratorHealthOperator,
     BatchEmbeddingOperator,
     EmbeddingVerifyOperator,
+    EvaluationOperator,
+    IncrementalTrainingOperator,
+    QualityGateOperator,
 )
 
+RUN_ID = "reuse-{{ ds_nodash }}"
 ARGS = {
     "artifact_root": "{{ params.artifact_root }}",
     "model": "{{ params.model }}",
     "backend": "cpu",
-    "run_id": "reuse-{{ ds_nodash }}",
+    "run_id": RUN_ID,
 }
 
 with DAG(
     "reuse_operators",
-    description="Health, then embeddings of a corpus with a pinned model version",
+    description="Train, two gates, two corpora embedded from the candidate; no promote",
     doc_md=__doc__,
     schedule=None,
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     params={
         "artifact_root": Param(type="string", description="Artifact store root URL"),
         "model": Param("tiny", type="string"),
-        "version": Param(type="string", description="Model version to embed with"),
-        "corpus": Param("products", type="string"),
     },
     tags=["test"],
 ) as dag:
     health = AcceleratorHealthOperator(task_id="health", **ARGS)
-    embed_all = BatchEmbeddingOperator(
-        task_id="embed_all",
-        **ARGS,
-        version="{{ params.version }}",
-        corpus="{{ params.corpus }}",
-        token_budget=2048,
+    train = IncrementalTrainingOperator(task_id="train", **ARGS, epochs=1)
+    evaluate = EvaluationOperator(task_id="evaluate_candidate", **ARGS)
+    head_gate = QualityGateOperator(
+        task_id="head_gate", **ARGS, metrics=["accuracy", "auc"], evaluation="evaluate_candidate"
     )
-    verify = EmbeddingVerifyOperator(
-        task_id="verify", **ARGS, version="{{ params.version }}", corpus="{{ params.corpus }}"
+    recall_gate = QualityGateOperator(
+        task_id="recall_gate", **ARGS, metrics=["recall_at_10"], evaluation="evaluate_candidate"
     )
-    health >> embed_all >> verify
+    health >> train >> evaluate >> [head_gate, recall_gate]
+    for corpus in ("products", "docs"):
+        embed = BatchEmbeddingOperator(
+            task_id=f"embed_{corpus}", **ARGS, version=RUN_ID, corpus=corpus, token_budget=2048
+        )
+        verify = EmbeddingVerifyOperator(
+            task_id=f"verify_{corpus}", **ARGS, version=RUN_ID, corpus=corpus
+        )
+        [head_gate, recall_gate] >> embed >> verify

@@ -1,0 +1,103 @@
+"""What a DAG's job task may hold: the accelerator pool and a time limit, per step.
+
+Both are deployment settings read when a DAG file is parsed, so every DAG gets them the
+same way (``**task_resources("train")``):
+
+- **The accelerator pool.** Steps that hold the worker's devices while they run (health,
+  compile, train, parity) take a slot of the Airflow pool named by
+  ``EMBEDFRESH_ACCELERATOR_POOL`` (default ``embedfresh_accelerator``, one slot), so two
+  DAGs never train, compile or check on one device at once: a ``fleet_health`` run
+  waits while a refresh trains. A deferred step (an AWS Batch job waited on by the
+  triggerer) frees its slot: the pool counts deferred tasks only when made with
+  ``--include-deferred``, which embedfresh never asks for. Airflow does not schedule a
+  task whose pool does not exist: ``make demo``, ``make airflow``, docker-compose.yaml's
+  init and the test Airflows create it (:func:`pool_command`). ``EMBEDFRESH_ACCELERATOR_POOL=default_pool``
+  opts out (Airflow's own pool, 128 slots).
+- **A time limit per step** (``execution_timeout``): :data:`STEP_TIMEOUTS` by default,
+  ``EMBEDFRESH_TIMEOUT_<STEP>_SECONDS`` (``EMBEDFRESH_TIMEOUT_TRAIN_SECONDS=28800``) to
+  change one. A task past its limit fails and is retried per its policy (train resumes
+  from its last checkpoint); a deferred Batch step defers with the same limit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from typing import Any
+
+#: Environment variable naming the accelerator pool.
+POOL_ENV = "EMBEDFRESH_ACCELERATOR_POOL"
+#: The pool's default name, and its slots when embedfresh creates it.
+DEFAULT_POOL = "embedfresh_accelerator"
+DEFAULT_POOL_SLOTS = 1
+#: Steps that hold the worker's accelerator while they run.
+ACCELERATOR_STEPS = frozenset({"health", "compile", "train", "parity"})
+
+_H = 3600
+#: Default time limits in seconds, by step: a bound on a stuck task, well inside the
+#: refresh's 6-hour deadline for the short steps, the longest steps their own budget.
+STEP_TIMEOUTS: dict[str, int] = {
+    "health": 30 * 60,
+    "compile": 2 * _H,
+    "train": 6 * _H,
+    "parity": 6 * _H,
+    "evaluate": 2 * _H,
+    "gate": 2 * _H,
+    "embed": 6 * _H,
+    "verify": 1 * _H,
+    "load_index": 2 * _H,
+    "search_check": 1 * _H,
+    "release": 30 * 60,
+    "rollback": 30 * 60,
+    "garbage_collect": 1 * _H,
+    "wait_for_partition": 6 * _H,
+}
+
+
+def accelerator_pool() -> str:
+    """The pool accelerator steps take a slot of (:data:`POOL_ENV`)."""
+    name = os.environ.get(POOL_ENV, "").strip() or DEFAULT_POOL
+    if len(name) > 256:
+        raise ValueError(f"{POOL_ENV} must be an Airflow pool name, got {name!r}")
+    return name
+
+
+def step_timeout(step: str) -> dt.timedelta:
+    """The time limit of ``step``: ``EMBEDFRESH_TIMEOUT_<STEP>_SECONDS`` or its default.
+
+    :raises ValueError: a step without a default, or a setting that is not a positive
+        number of seconds (named in the message), when the DAG file is parsed.
+    """
+    if step not in STEP_TIMEOUTS:
+        raise ValueError(f"no time limit for step {step!r}: one of {sorted(STEP_TIMEOUTS)}")
+    var = f"EMBEDFRESH_TIMEOUT_{step.upper()}_SECONDS"
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return dt.timedelta(seconds=STEP_TIMEOUTS[step])
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{var} must be a positive number of seconds, got {raw!r}")
+    return dt.timedelta(seconds=seconds)
+
+
+def task_resources(step: str) -> dict[str, Any]:
+    """The task arguments of a job step: its ``execution_timeout``, and the accelerator
+    pool for :data:`ACCELERATOR_STEPS`."""
+    args: dict[str, Any] = {"execution_timeout": step_timeout(step)}
+    if step in ACCELERATOR_STEPS:
+        args["pool"] = accelerator_pool()
+    return args
+
+
+def pool_command(slots: int = DEFAULT_POOL_SLOTS) -> list[str] | None:
+    """The Airflow CLI command that creates (or updates) the accelerator pool; None when
+    the setting names Airflow's ``default_pool`` (left as it is)."""
+    if accelerator_pool() == "default_pool":
+        return None
+    return [
+        "airflow", "pools", "set", accelerator_pool(), str(slots),
+        "embedfresh: steps that hold an accelerator (health, compile, train, parity)",
+    ]  # fmt: skip
