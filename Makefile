@@ -64,6 +64,7 @@ airflow: $(STAMP)
 	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
 	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
 	AIRFLOW__CORE__PARALLELISM=4 \
+	EMBEDFRESH_PARTITION_WAIT_SECONDS=$${EMBEDFRESH_PARTITION_WAIT_SECONDS:-120} \
 	$(VENV)/bin/airflow standalone
 
 ## Lint, format check, import contracts and the whole test suite, in two pytest-xdist

@@ -22,6 +22,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from embedfresh.operators import BackendParityOperator
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
     DAY_ARG,
     artifact_root_param,
@@ -60,6 +61,7 @@ with DAG(
         ),
     },
     tags=["embedfresh"],
+    on_failure_callback=notifiers("run_failed"),
 ) as dag:
     BackendParityOperator(
         task_id="parity",

@@ -46,6 +46,7 @@ from embedfresh.operators import (
     model_asset,
 )
 from embedfresh.operators.embed import BatchArrayEmbeddingOperator
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
 from embedfresh.operators.resources import task_resources
 
@@ -104,6 +105,7 @@ with DAG(
         **FAN_OUT_PARAMS,
     },
     tags=["embedfresh"],
+    on_failure_callback=notifiers("run_failed"),
 ) as dag:
     resolve_version = ResolveModelVersionOperator(
         task_id="resolve_version",

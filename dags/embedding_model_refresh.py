@@ -1,8 +1,16 @@
 """Daily refresh of the production embedding model, released with its corpus embeddings.
 
-health -> compile -> train -> evaluate -> gate -> gate_passed -> corpora -> list_shards
--> embed (mapped, the candidate) -> verify -> load_index -> search_check -> release
-(verify, load_index and search_check mapped once per corpus).
+wait_for_partition -> health -> compile -> train -> evaluate -> gate -> gate_passed ->
+corpora -> list_shards -> embed (mapped, the candidate) -> verify -> load_index ->
+search_check -> release (verify, load_index and search_check mapped once per corpus).
+
+``wait_for_partition`` waits for a scheduled run's training partition to land (a
+deferrable sensor; ``EMBEDFRESH_PARTITION_WAIT_SECONDS``, by default the deadline less
+2 hours), logging what it waits for and what the store holds; past its timeout it fails
+naming both. The accelerator steps (health, compile, train) take a slot of the
+accelerator pool, and every job step has a time limit (``operators/resources.py``).
+People are told (``operators/notify.py``, when the deployment configures e-mail or a
+webhook) of a gate decision other than PASS, a failed run and a missed deadline.
 
 ``health`` checks the run's inputs in the store (the model, the corpora: a missing one
 fails the run naming what is there) and the devices and links the run will use (a
@@ -74,6 +82,7 @@ from embedfresh.operators import (
 )
 from embedfresh.operators.deadline import refresh_deadline_alert
 from embedfresh.operators.gate import decision_passed
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
     COMMON_JOB_ARGS,
     DAY_ARG,
@@ -83,6 +92,7 @@ from embedfresh.operators.params import (
     day_param,
     gate_metrics_param,
 )
+from embedfresh.operators.partition import TrainingPartitionSensor
 from embedfresh.operators.resources import task_resources
 
 CORPORA = "{{ params.corpora | tojson }}"
@@ -121,8 +131,17 @@ with DAG(
         "day": day_param(),
     },
     tags=["embedfresh"],
+    on_failure_callback=notifiers("run_failed"),
 ) as dag:
-    # The first task also checks the run's inputs: a model nobody published, or a corpus
+    # A scheduled run waits for its day's data (a manual run does not: it fails at once
+    # naming the days the store holds).
+    wait_for_partition = TrainingPartitionSensor(
+        task_id="wait_for_partition",
+        artifact_root="{{ params.artifact_root }}",
+        model="{{ params.model }}",
+        **DAY_ARG,
+    )
+    # The first job also checks the run's inputs: a model nobody published, or a corpus
     # that is not there, fails here rather than after training.
     health = AcceleratorHealthOperator(
         task_id="health",
@@ -152,6 +171,7 @@ with DAG(
         **task_resources("gate"),
         metrics="{{ params.gate_metrics | tojson }}",
         retries=0,
+        on_success_callback=notifiers("gate"),  # tells people of a decision other than PASS
     )
     # A gate that does not PASS is a decision: the run ends green, nothing below runs.
     gate_passed = ShortCircuitOperator(
@@ -191,7 +211,8 @@ with DAG(
     )
 
     (
-        health
+        wait_for_partition
+        >> health
         >> compile_graphs
         >> train
         >> evaluate

@@ -19,6 +19,7 @@ import datetime as dt
 from airflow.sdk import DAG, CronTriggerTimetable, Param
 
 from embedfresh.operators import AcceleratorHealthOperator
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import COMMON_JOB_ARGS, common_params
 from embedfresh.operators.resources import task_resources
 
@@ -52,6 +53,7 @@ with DAG(
         ),
     },
     tags=["embedfresh"],
+    on_failure_callback=notifiers("run_failed"),
 ) as dag:
     AcceleratorHealthOperator(
         task_id="health",

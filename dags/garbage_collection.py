@@ -17,6 +17,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from embedfresh.operators import GarbageCollectOperator
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import INDEX_ARGS, artifact_root_param, model_param
 from embedfresh.operators.resources import task_resources
 
@@ -38,6 +39,7 @@ with DAG(
         "dry_run": Param(False, type="boolean", description="List what would go; delete nothing"),
     },
     tags=["embedfresh", "maintenance"],
+    on_failure_callback=notifiers("run_failed"),
 ):
     GarbageCollectOperator(
         task_id="collect",

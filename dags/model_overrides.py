@@ -39,6 +39,7 @@ from embedfresh.operators import (
     RollbackOperator,
     SearchCheckOperator,
 )
+from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
     INDEX_ARGS,
     artifact_root_param,
@@ -87,6 +88,7 @@ with DAG(
         "reason": _reason(),
     },
     tags=["embedfresh", "override"],
+    on_failure_callback=notifiers("run_failed"),
 ):
     corpora = CorporaOperator(
         task_id="corpora",
@@ -126,6 +128,7 @@ with DAG(
         corpora="{{ params.corpora | tojson }}",
         action="promote_anyway",
         reason="{{ params.reason }}",
+        on_success_callback=notifiers("promote_anyway"),  # who and why, to people
     )
     corpora >> list_shards >> embed >> verify >> load_index >> search_check >> release
 
@@ -151,9 +154,11 @@ with DAG(
         "reason": _reason(),
     },
     tags=["embedfresh", "override"],
+    on_failure_callback=notifiers("run_failed"),
 ):
     RollbackOperator(
         task_id="move", **COMMON, **INDEX_ARGS, **task_resources("rollback"),
         release="{{ params.release }}",
         reason="{{ params.reason }}",
+        on_success_callback=notifiers("rollback"),  # who and why, to people
     )  # fmt: skip

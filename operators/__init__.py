@@ -2,6 +2,14 @@
 
 Nothing here imports torch, torch_xla, boto3 or transformers at module level: the jobs
 run in their own processes (ruff TID253 keeps it so).
+
+The job operators (:class:`EmbedfreshJobOperator` and its kin) follow Airflow's
+conventions: ``model`` is required and ``artifact_root`` defaults to the jobs' own
+setting; settings are checked when the DAG file is parsed, or fail the task without
+retry once rendered (:class:`SettingsError`); ``aws_conn_id`` and ``deferrable``
+(default ``[operators] default_deferrable``) are operator arguments; the tasks link to
+their AWS Batch job and to the "Model quality" page, and report OpenLineage datasets
+when the OpenLineage provider is installed.
 """
 
 from embedfresh.operators.assets import (
@@ -10,7 +18,7 @@ from embedfresh.operators.assets import (
     embeddings_asset,
     model_asset,
 )
-from embedfresh.operators.base import EmbedfreshJobOperator
+from embedfresh.operators.base import EmbedfreshJobOperator, SettingsError
 from embedfresh.operators.compile import AheadOfTimeCompileOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import (
@@ -39,6 +47,7 @@ from embedfresh.operators.runners import (
     AwsBatchRunner,
     BatchSettings,
     JobResult,
+    LinkingRunner,
     LocalRunner,
     Runner,
     register_runner,
@@ -68,6 +77,7 @@ __all__ = [
     "IndexLoadOperator",
     "JobResult",
     "JobSpec",
+    "LinkingRunner",
     "LocalRunner",
     "QualityGateOperator",
     "ReleaseOperator",
@@ -75,6 +85,7 @@ __all__ = [
     "RollbackOperator",
     "Runner",
     "SearchCheckOperator",
+    "SettingsError",
     "VectorIndexOperator",
     "embeddings_asset",
     "model_asset",

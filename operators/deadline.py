@@ -11,22 +11,23 @@ not used: with the Variable missing, Airflow fails to create the run at all.
 When the scheduler sees the deadline pass before the run ended, it queues
 :func:`record_deadline_breach` on the executor (a ``SyncCallback``: the executor must
 support callbacks, as Airflow 3.3.2's LocalExecutor used here and in docker-compose.yaml
-does). The breach then shows in three places: Airflow's own
+does). The breach then shows in four places: Airflow's own
 Deadlines view of the run (the ``deadline`` row marked missed), a WARNING line in the
-callback's log, and ``runs/<model>/<run_id>/reports/deadline.json`` in the artifact
-store beside the run's other reports, which the pipeline's own pages and tools read.
+callback's log, ``runs/<model>/<run_id>/reports/deadline.json`` in the artifact store
+beside the run's other reports, which the pipeline's own pages and tools read, and the
+deployment's e-mail and webhook (:mod:`embedfresh.operators.notify`), when configured.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 from typing import Any
 
 from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback
 
 from embedfresh.operators.params import DEFAULT_MODEL, default_artifact_root
+from embedfresh.operators.resources import env_seconds
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,7 @@ DEFAULT_DEADLINE_SECONDS = 6 * 3600
 
 def deadline_interval() -> dt.timedelta:
     """The budget from :data:`DEADLINE_ENV`; a clear error names the variable when bad."""
-    raw = os.environ.get(DEADLINE_ENV, "").strip()
-    if not raw:
-        return dt.timedelta(seconds=DEFAULT_DEADLINE_SECONDS)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):  # also refuses nan
-        raise ValueError(f"{DEADLINE_ENV} must be a positive number of seconds, got {raw!r}")
-    return dt.timedelta(seconds=seconds)
+    return env_seconds(DEADLINE_ENV) or dt.timedelta(seconds=DEFAULT_DEADLINE_SECONDS)
 
 
 def refresh_deadline_alert(name: str = "refresh time budget") -> DeadlineAlert:
@@ -122,6 +114,19 @@ def record_deadline_breach(
         store.url(path),
     )
     store.write_json(path, record)
+    from embedfresh.operators.notify import notify_deadline_breach
+
+    # People are told (the deployment's e-mail and webhook, if any); never raises.
+    notify_deadline_breach(
+        model=model,
+        run_id=run_id,
+        dag_id=record["dag_id"],
+        deadline_time=record["deadline_time"],
+        interval_seconds=interval_seconds,
+        state=record["state_at_breach"],
+        queued_at=record["queued_at"],
+        record_url=store.url(path),
+    )
     return record
 
 

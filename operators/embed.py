@@ -23,11 +23,17 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from embedfresh.core.settings import default_artifact_root
 from embedfresh.operators.assets import EMBEDDING_SETS_ALIAS, embedding_set_asset
-from embedfresh.operators.base import EmbedfreshJobOperator, FailFastTemplatesMixin
+from embedfresh.operators.base import (
+    DEFAULT_AWS_CONN_ID,
+    EmbedfreshJobOperator,
+    FailFastTemplatesMixin,
+)
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.registry import production_version
 from embedfresh.operators.runners import AttachingRunner, JobResult
+from embedfresh.operators.store import artifact_store, connection_scope
 
 if TYPE_CHECKING:
     from embedfresh.core.embed_plan import EmbedPlan
@@ -39,39 +45,43 @@ class ResolveModelVersionOperator(FailFastTemplatesMixin, BaseOperator):
     as a DAG's first task it checks them (and ``corpus``, if given) in the store, so a
     name that does not exist fails at once, naming what does.
 
-    :param artifact_root: root URL of the artifact store (templated).
-    :param model: model name (templated).
+    :param model: model name (templated; required).
+    :param artifact_root: root URL of the artifact store; default
+        ``$EMBEDFRESH_ARTIFACT_ROOT``, as the jobs (templated).
     :param version: explicit model version; empty means production (templated).
     :param corpus: a corpus the run will read, checked too; empty: none (templated).
+    :param aws_conn_id: Airflow connection opening an ``s3://`` store (templated).
     :raises AirflowFailException: no such version or corpus, or no production version.
     """
 
-    template_fields: Sequence[str] = ("artifact_root", "model", "version", "corpus")
+    template_fields: Sequence[str] = ("artifact_root", "model", "version", "corpus", "aws_conn_id")
     ui_color = "#f0f0f0"
 
     def __init__(
         self,
         *,
-        artifact_root: str,
-        model: str = "tiny",
+        model: str,
+        artifact_root: str | None = None,
         version: str = "",
         corpus: str = "",
+        aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.artifact_root = artifact_root
+        self.artifact_root = default_artifact_root() if artifact_root is None else artifact_root
         self.model = model
         self.version = version
         self.corpus = corpus
+        self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Any) -> str:
         from embedfresh.core import inputs
         from embedfresh.core.exit_codes import BadInputError
-        from embedfresh.core.storage import ArtifactStore
 
-        version = self.version or production_version(self.artifact_root, self.model)
+        with connection_scope(self.artifact_root, self.aws_conn_id):
+            version = self.version or production_version(self.artifact_root, self.model)
         self.log.info("version of %s: %s", self.model, version)
-        store = ArtifactStore(self.artifact_root)
+        store = artifact_store(self.artifact_root, self.aws_conn_id)
         try:
             inputs.check_version(store, self.model, version)
             if self.corpus:
@@ -85,29 +95,38 @@ class CorporaOperator(FailFastTemplatesMixin, BaseOperator):
     """Returns the corpora a run embeds, each checked in the store: what the tasks mapped
     once per corpus expand over (``.expand(corpus=corpora.output)``).
 
-    :param artifact_root: root URL of the artifact store (templated).
+    :param artifact_root: root URL of the artifact store; default
+        ``$EMBEDFRESH_ARTIFACT_ROOT`` (templated).
     :param corpora: a list, or its JSON (``"{{ params.corpora | tojson }}"``) (templated).
+    :param aws_conn_id: Airflow connection opening an ``s3://`` store (templated).
     :raises AirflowFailException: none named, or one without shards (naming those there are).
     """
 
-    template_fields: Sequence[str] = ("artifact_root", "corpora")
+    template_fields: Sequence[str] = ("artifact_root", "corpora", "aws_conn_id")
     ui_color = "#f0f0f0"
 
-    def __init__(self, *, artifact_root: str, corpora: Sequence[str] | str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        corpora: Sequence[str] | str,
+        artifact_root: str | None = None,
+        aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.artifact_root = artifact_root
+        self.artifact_root = default_artifact_root() if artifact_root is None else artifact_root
         self.corpora = corpora
+        self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Any) -> list[str]:
         from embedfresh.core import inputs
         from embedfresh.core.exit_codes import BadInputError
-        from embedfresh.core.storage import ArtifactStore
 
         names = corpora_list(self.corpora)
         if not names:
             raise AirflowFailException("no corpus named: corpora is empty")
         try:
-            store = ArtifactStore(self.artifact_root)
+            store = artifact_store(self.artifact_root, self.aws_conn_id)
             for name in names:
                 inputs.check_corpus(store, name)
         except BadInputError as e:
@@ -122,37 +141,47 @@ class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
     Returns e.g. ``[{"corpus": "products", "shards": [0]}, {"corpus": "products",
     "shards": [1]}]`` (``shards_per_task=1``); with two shards a task, ``[0, 1]``.
 
-    :param artifact_root: root URL of the artifact store (templated).
+    :param artifact_root: root URL of the artifact store; default
+        ``$EMBEDFRESH_ARTIFACT_ROOT`` (templated).
     :param corpus: one corpus, ``corpora/<corpus>/part-NNNNN.parquet`` (templated).
     :param corpora: several, instead of ``corpus``: a list, its JSON (a templated Param:
         ``"{{ params.corpora | tojson }}"``), or a :class:`CorporaOperator`'s output
-        (templated).
+        (templated). One of the two is required.
     :param shards_per_task: shards one mapped embed task takes (templated).
+    :param aws_conn_id: Airflow connection opening an ``s3://`` store (templated).
     :raises AirflowFailException: a corpus has no shard, or none is named.
     """
 
-    template_fields: Sequence[str] = ("artifact_root", "corpus", "corpora", "shards_per_task")
+    template_fields: Sequence[str] = (
+        "artifact_root", "corpus", "corpora", "shards_per_task", "aws_conn_id",
+    )  # fmt: skip
     ui_color = "#f0f0f0"
 
     def __init__(
         self,
         *,
-        artifact_root: str,
-        corpus: str = "products",
+        artifact_root: str | None = None,
+        corpus: str | None = None,
         corpora: Sequence[str] | str | None = None,
         shards_per_task: int | str = 1,
+        aws_conn_id: str | None = DEFAULT_AWS_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.artifact_root = artifact_root
+        if (corpus is None) == (corpora is None):
+            raise ValueError(
+                f"task {self.task_id}: name the corpus to list, corpus=<name> or corpora=[...] "
+                "(one of the two)"
+            )
+        self.artifact_root = default_artifact_root() if artifact_root is None else artifact_root
         self.corpus = corpus
         self.corpora = corpora
         self.shards_per_task = shards_per_task
+        self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from embedfresh.core.exit_codes import BadInputError
         from embedfresh.core.shards import corpus_shards
-        from embedfresh.core.storage import ArtifactStore
 
         k = int(self.shards_per_task)
         if k < 1:
@@ -160,7 +189,7 @@ class CorpusShardsOperator(FailFastTemplatesMixin, BaseOperator):
         names = [self.corpus] if self.corpora is None else corpora_list(self.corpora)
         if not names:
             raise AirflowFailException("no corpus to embed: corpora is empty")
-        store = ArtifactStore(self.artifact_root)
+        store = artifact_store(self.artifact_root, self.aws_conn_id)
         chunks = []
         for name in names:
             try:
@@ -364,9 +393,8 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
 
         from embedfresh.core.embed_plan import read_plan
         from embedfresh.core.exit_codes import BadInputError
-        from embedfresh.core.storage import ArtifactStore
 
-        store = ArtifactStore(self.artifact_root)
+        store = artifact_store(self.artifact_root, self.aws_conn_id)
         rel = self._plan_rel(ticket)
         try:
             data = store.read_bytes(rel)
@@ -453,9 +481,7 @@ class BatchArrayEmbeddingOperator(_EmbedJobOperator):
         return self._combined(planned, summaries, self._job_details)
 
     def _store_url(self, rel: str) -> str:
-        from embedfresh.core.storage import ArtifactStore
-
-        return ArtifactStore(self.artifact_root).url(rel)
+        return artifact_store(self.artifact_root, self.aws_conn_id).url(rel)
 
     def _combined(
         self,

@@ -62,6 +62,24 @@ def accelerator_pool() -> str:
     return name
 
 
+def env_seconds(var: str) -> dt.timedelta | None:
+    """The duration in environment variable ``var`` (seconds), None when unset or empty:
+    the one reader of every duration setting (time limits, the deadline, the wait).
+
+    :raises ValueError: not a positive number of seconds, naming ``var``.
+    """
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):  # also refuses nan
+        raise ValueError(f"{var} must be a positive number of seconds, got {raw!r}")
+    return dt.timedelta(seconds=seconds)
+
+
 def step_timeout(step: str) -> dt.timedelta:
     """The time limit of ``step``: ``EMBEDFRESH_TIMEOUT_<STEP>_SECONDS`` or its default.
 
@@ -70,17 +88,8 @@ def step_timeout(step: str) -> dt.timedelta:
     """
     if step not in STEP_TIMEOUTS:
         raise ValueError(f"no time limit for step {step!r}: one of {sorted(STEP_TIMEOUTS)}")
-    var = f"EMBEDFRESH_TIMEOUT_{step.upper()}_SECONDS"
-    raw = os.environ.get(var, "").strip()
-    if not raw:
-        return dt.timedelta(seconds=STEP_TIMEOUTS[step])
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{var} must be a positive number of seconds, got {raw!r}")
-    return dt.timedelta(seconds=seconds)
+    given = env_seconds(f"EMBEDFRESH_TIMEOUT_{step.upper()}_SECONDS")
+    return given or dt.timedelta(seconds=STEP_TIMEOUTS[step])
 
 
 def task_resources(step: str) -> dict[str, Any]:

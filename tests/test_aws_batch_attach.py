@@ -51,6 +51,7 @@ class StateStore(dict):
 def health(root: str, python: str = PYTHON, **batch: Any) -> AcceleratorHealthOperator:
     return AcceleratorHealthOperator(
         task_id="health",
+        model="tiny",
         artifact_root=root,
         run_id=RUN_ID,
         job_settings={"collectives": False},

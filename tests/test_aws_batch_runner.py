@@ -79,6 +79,7 @@ def train_operator(root: str = "s3://bucket/prod", **batch: Any) -> IncrementalT
     """The training task on Batch; its settings given as ``batch=`` (the documented name)."""
     return IncrementalTrainingOperator(
         task_id="train",
+        model="tiny",
         artifact_root=root,
         run_id=RUN_ID,
         data_interval_start="2026-01-01",
@@ -93,6 +94,7 @@ def health_operator(root: str, **batch: Any) -> AcceleratorHealthOperator:
     """A job that succeeds on any store in seconds, run by the test executor's "image"."""
     return AcceleratorHealthOperator(
         task_id="health",
+        model="tiny",
         artifact_root=root,
         run_id=RUN_ID,
         job_settings={"collectives": False},
@@ -405,6 +407,7 @@ def record(status: str, exit_code: int | None = None, **extra: Any) -> dict[str,
 def gate() -> QualityGateOperator:
     return QualityGateOperator(
         task_id="gate",
+        model="tiny",
         artifact_root="s3://b/p",
         run_id="r1",
         execution_mode="aws_batch",
@@ -489,6 +492,7 @@ def test_settings_are_validated_once_with_one_clear_error():
 def test_the_batch_field_is_templated_and_the_runner_is_built_lazily():
     op = IncrementalTrainingOperator(
         task_id="t",
+        model="tiny",
         artifact_root="s3://b/p",
         execution_mode="aws_batch",
         batch={"job_definition": "{{ params.job_definition }}", "job_queue": "q"},
@@ -502,15 +506,15 @@ def test_the_batch_field_is_templated_and_the_runner_is_built_lazily():
     )
     with pytest.raises(ValueError, match="runner_settings or batch, not both"):
         IncrementalTrainingOperator(
-            task_id="u", artifact_root="s3://b/p", execution_mode="aws_batch",
+            task_id="u", model="tiny", artifact_root="s3://b/p", execution_mode="aws_batch",
             batch={"job_definition": "d"}, runner_settings={"job_queue": "q"},
         )  # fmt: skip
-    bad = IncrementalTrainingOperator(
-        task_id="v", artifact_root="s3://b/p", execution_mode="aws_batch",
-        runner_settings={"job_definition": "d", "job_queue": "q", "queue": "typo"},
-    )  # fmt: skip
-    with pytest.raises(ValueError, match="unknown AWS Batch settings \\['queue'\\]"):
-        _ = bad.runner
+    # A misspelled setting is a DAG import error, not a retried task.
+    with pytest.raises(ValueError, match="unknown settings \\['queue'\\] for execution_mode"):
+        IncrementalTrainingOperator(
+            task_id="v", model="tiny", artifact_root="s3://b/p", execution_mode="aws_batch",
+            runner_settings={"job_definition": "d", "job_queue": "q", "queue": "typo"},
+        )  # fmt: skip
 
 
 def test_importing_the_operators_does_not_import_boto3_or_the_provider():

@@ -140,7 +140,8 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     dag = parse_dags(tmp_path)["dags"]["embedding_model_refresh"]
     tasks = dag["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "health": [],
+        "wait_for_partition": [],
+        "health": ["wait_for_partition"],
         "compile": ["health"],
         "train": ["compile"],
         "evaluate": ["train"],

@@ -277,12 +277,45 @@ def with_production_v1(root: str) -> None:
     promote_initial_version(root, "v1")
 
 
+def documented_xcom() -> dict[str, list[str]]:
+    """docs/ARCHITECTURE.md's "One refresh, process by process" table: each task's XCom
+    column, as the fields it names in backticks."""
+    text = (ROOT / "docs/ARCHITECTURE.md").read_text()
+    table = text[text.index("## One refresh, process by process") :]
+    documented = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`"):
+            task = cells[0].split("`")[1]
+            documented[task] = re.findall(r"`([a-z_0-9]+)`", cells[4])
+    return documented
+
+
+def check_documented_xcom(xcom: dict) -> None:
+    """Each task's XCom carries every field docs/ARCHITECTURE.md says it does."""
+    documented = documented_xcom()
+    assert set(documented) == set(xcom), (sorted(documented), sorted(xcom))
+    wrong = []
+    for task, fields in documented.items():
+        value = xcom[task]
+        if isinstance(value, list):  # a list XCom (corpora, list_shards): its items' fields
+            value = value[0] if value and isinstance(value[0], dict) else {}
+        keys = sorted(value) if isinstance(value, dict) else []
+        # ... and the fields of the records a field lists (the gate's per-metric ones).
+        for inner in value.values() if isinstance(value, dict) else []:
+            if isinstance(inner, list) and inner and isinstance(inner[0], dict):
+                keys += [k for k in inner[0] if k not in keys]
+        if [f for f in fields if f not in keys]:
+            wrong.append(f"{task}: documented {fields}, its XCom has {keys}")
+    assert not wrong, "\n".join(wrong)
+
+
 def check_embedding_model_refresh(run: Run) -> None:
     """Every task succeeds, from the health check to the release: the candidate embedded,
     verified, loaded into the vector index and search-checked before it went live."""
     facts, output, artifacts, reports = run.facts, run.output, run.artifacts, run.reports
     single = [
-        "health", "compile", "train", "evaluate", "gate", "gate_passed", "corpora",
+        "wait_for_partition", "health", "compile", "train", "evaluate", "gate", "gate_passed", "corpora",
         "list_shards", "release",
     ]  # fmt: skip
     per_corpus = ["verify", "load_index", "search_check"]
@@ -294,6 +327,7 @@ def check_embedding_model_refresh(run: Run) -> None:
         ]
     ), output
 
+    check_documented_xcom(facts["xcom"])
     run_id = facts["run_id"]
     assert json.loads((reports / "health.json").read_text())["verdict"] == "PASS"
     assert json.loads((reports / "compile.json").read_text())["backend"] == "cpu"
@@ -607,7 +641,22 @@ CASES: dict[str, DagCase] = {
         setup=write_data,
         conf={"day": TRAIN_DAY},
         logical_date=DAY2_MIDNIGHT,
-        xcom_tasks=("health", "compile", "train"),
+        xcom_tasks=(
+            "wait_for_partition",
+            "health",
+            "compile",
+            "train",
+            "evaluate",
+            "gate",
+            "gate_passed",
+            "corpora",
+            "list_shards",
+            "embed",
+            "verify",
+            "load_index",
+            "search_check",
+            "release",
+        ),
         timeout=400,
     ),
     "corpus_embeddings": DagCase(check_corpus_embeddings, setup=with_production_v1, timeout=240),

@@ -183,7 +183,9 @@ NO_RUN = _context(None, DAY1, DAY2)  # called outside a run: its interval, if an
 )
 def test_the_day_a_job_gets(operator, day, context, expected):
     extra = {"init_version": "v0"} if operator is BackendParityOperator else {}
-    op = operator(task_id="t", artifact_root="file:///r", run_id="r1", day=day, **extra)
+    op = operator(
+        task_id="t", model="tiny", artifact_root="file:///r", run_id="r1", day=day, **extra
+    )
     op.use_run_context(context)
     settings = op.build_job_spec().settings
     got = settings.get("data_interval_start"), settings.get("data_interval_end")
@@ -193,7 +195,7 @@ def test_the_day_a_job_gets(operator, day, context, expected):
 @pytest.mark.parametrize("context", [SCHEDULED, MANUAL_DATED, MANUAL])
 def test_explicit_interval_arguments_win_over_day_and_run(context):
     op = IncrementalTrainingOperator(
-        task_id="t", artifact_root="file:///r", day="2026-01-05",
+        task_id="t", model="tiny", artifact_root="file:///r", day="2026-01-05",
         data_interval_start="2026-01-01", data_interval_end="2026-01-03",
     )  # fmt: skip
     op.use_run_context(context)
@@ -214,7 +216,7 @@ def test_the_run_type_is_read_from_the_run_in_the_context():
 
 @pytest.mark.parametrize("bad", ["2026-1-3", "20260103", "2026-02-30", "yesterday", " "])
 def test_a_day_that_is_not_a_date_fails_the_task_for_good(bad):
-    op = IncrementalTrainingOperator(task_id="t", artifact_root="file:///r", day=bad)
+    op = IncrementalTrainingOperator(task_id="t", model="tiny", artifact_root="file:///r", day=bad)
     with pytest.raises(AirflowFailException, match="day must be a date YYYY-MM-DD"):
         op.build_job_spec()
     assert parse_day("2026-01-03") == dt.date(2026, 1, 3) and parse_day("") is None
@@ -235,7 +237,9 @@ def test_the_day_param_takes_a_date_or_nothing():
 )
 def test_the_day_arg_renders_an_empty_param_as_empty_never_none(value, rendered):
     with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
-        op = IncrementalTrainingOperator(task_id="train", artifact_root="file:///r", **DAY_ARG)
+        op = IncrementalTrainingOperator(
+            task_id="train", artifact_root="file:///r", model="tiny", **DAY_ARG
+        )
     op.render_template_fields({"params": {"day": value}, "run_id": "r"}, dag.get_template_env())
     assert op.day == rendered
     op.use_run_context(MANUAL)
@@ -263,7 +267,7 @@ class WhatTheJobGets(IncrementalTrainingOperator):
 with DAG("day_rule", schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
          start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), catchup=False,
          params={"day": day_param()}):
-    WhatTheJobGets(task_id="train", artifact_root="file:///r", **DAY_ARG)
+    WhatTheJobGets(task_id="train", artifact_root="file:///r", model="tiny", **DAY_ARG)
 """
 
 RUN_DAY_DAG = (
@@ -312,7 +316,9 @@ def test_a_data_interval_is_read_in_utc_days():
 )
 def test_a_template_that_does_not_render_fails_without_retry(template):
     with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
-        op = IncrementalTrainingOperator(task_id="train", artifact_root=template, retries=3)
+        op = IncrementalTrainingOperator(
+            task_id="train", model="tiny", artifact_root=template, retries=3
+        )
     context = {"params": {}, "run_id": "manual__x"}  # a manual run: no data interval
     with pytest.raises(AirflowFailException, match="task train: a template of .* not retrying"):
         op.render_template_fields(context, dag.get_template_env())
@@ -327,7 +333,7 @@ def test_a_template_that_does_not_render_fails_without_retry(template):
 def test_a_template_that_renders_is_untouched():
     with DAG("d", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
         op = IncrementalTrainingOperator(
-            task_id="train", artifact_root="{{ params.root }}", day="{{ params.day }}"
+            task_id="train", model="tiny", artifact_root="{{ params.root }}", day="{{ params.day }}"
         )
     context = {"params": {"root": "file:///r", "day": ""}, "run_id": "manual__x"}
     op.render_template_fields(context, dag.get_template_env())
@@ -344,9 +350,10 @@ from embedfresh.operators import BatchEmbeddingOperator, EvaluationOperator
 
 with DAG("template_errors", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
          default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=0)}):
-    EvaluationOperator(task_id="plain", artifact_root="{{ data_interval_start | ds }}")
+    EvaluationOperator(task_id="plain", model="tiny", artifact_root="{{ data_interval_start | ds }}")
     BatchEmbeddingOperator.partial(
-        task_id="mapped", artifact_root="file:///r", version="{{ data_interval_start | ds }}"
+        task_id="mapped", model="tiny", corpus="products", artifact_root="file:///r",
+        version="{{ data_interval_start | ds }}",
     ).expand(shards=[[0], [1]])
 """
 

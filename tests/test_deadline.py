@@ -7,7 +7,8 @@ outlives any budget without spending CPU; the deadline counts from the moment it
 queued, as in production. The scheduler marks the deadline missed and its LocalExecutor
 runs ``embedfresh.operators.deadline.record_deadline_breach``. The breach then shows in Airflow's
 Deadlines view of the run (the UI's REST endpoint), in the callback's log, and as
-``runs/tiny/<run_id>/reports/deadline.json`` in the artifact store.
+``runs/tiny/<run_id>/reports/deadline.json`` in the artifact store, and people are told
+(an e-mail, received here by a real SMTP server).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from tests.airflow.server import REFRESH, AirflowServer
+from tests.mailbox import Mailbox
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +32,8 @@ RUN_ID = "deadline-test"
 def test_a_run_past_its_deadline_records_the_breach(tmp_path: Path):
     artifacts = tmp_path / "artifacts"
     root = f"file://{artifacts}"
-    server = AirflowServer(tmp_path / "airflow-home", root)
+    mailbox = Mailbox().start()  # the deployment's e-mail, to a real SMTP server
+    server = AirflowServer(tmp_path / "airflow-home", root, extra_env=mailbox.env())
     server.env["EMBEDFRESH_REFRESH_DEADLINE_SECONDS"] = str(BUDGET_S)
     try:
         server.start()
@@ -42,6 +45,8 @@ def test_a_run_past_its_deadline_records_the_breach(tmp_path: Path):
         record_path = artifacts / "runs" / "tiny" / RUN_ID / "reports" / "deadline.json"
         server.wait_for(record_path.exists, 180, "the deadline callback's record", every=2)
         record = json.loads(record_path.read_text())
+        # The callback tells people after it wrote the record.
+        server.wait_for(mailbox.messages, 60, "the breach's e-mail", every=1)
 
         def ui_deadlines() -> list[dict]:
             response = httpx.get(
@@ -60,6 +65,7 @@ def test_a_run_past_its_deadline_records_the_breach(tmp_path: Path):
         ]
     finally:
         server.stop()
+        mailbox.stop()
 
     assert record["dag_id"] == REFRESH and record["run_id"] == RUN_ID
     assert record["state_at_breach"] == "queued"
@@ -74,3 +80,8 @@ def test_a_run_past_its_deadline_records_the_breach(tmp_path: Path):
     assert any("DEADLINE MISSED" in text and RUN_ID in text for text in callback_logs), (
         callback_logs or "no executor_callbacks log"
     )
+    (mail,) = mailbox.messages()
+    body = mail.get_body().get_content()
+    assert RUN_ID in mail["Subject"] and "deadline" in mail["Subject"].lower(), mail["Subject"]
+    assert f"Run {RUN_ID} of DAG {REFRESH} (model tiny) had not finished by its deadline" in body
+    assert "reports/deadline.json" in body, body

@@ -284,6 +284,7 @@ def array_operator(root: str, **kwargs: Any) -> Any:
     return BatchArrayEmbeddingOperator(
         task_id="embed",
         artifact_root=root,
+        model="tiny",
         version="v1",
         corpus=CORPUS,
         run_id=RUN,
@@ -354,7 +355,7 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
 
     # The local runner (one process, every shard) writes the very same bytes.
     local = BatchEmbeddingOperator(
-        task_id="embed_local", artifact_root=roots["local"], version="v1", corpus=CORPUS,
+        task_id="embed_local", model="tiny", artifact_root=roots["local"], version="v1", corpus=CORPUS,
         run_id=RUN, env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert local.execute({})["rows"] == ROWS
@@ -398,7 +399,7 @@ def test_deferred_array_job_a_retry_reattaches_and_a_resume_reads_every_child(
         from embedfresh.operators.embed import BatchArrayEmbeddingOperator
 
         return BatchArrayEmbeddingOperator(
-            task_id="embed", artifact_root=root, version="v1", corpus=CORPUS, run_id=RUN,
+            task_id="embed", model="tiny", artifact_root=root, version="v1", corpus=CORPUS, run_id=RUN,
             max_children=3, execution_mode="aws_batch",
             runner_settings=settings(python=PYTHON, poll_interval=0.5, **batch),
         )  # fmt: skip

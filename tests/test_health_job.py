@@ -350,6 +350,7 @@ def test_the_operator_fails_without_retry_when_a_rank_is_faulty_under_torchrun(
         monkeypatch.setenv(key, value)
     health = AcceleratorHealthOperator(
         task_id="health",
+        model="tiny",
         artifact_root=_root(tmp_path),
         run_id="op-bad-link",
         nproc_per_node=2,

@@ -47,7 +47,7 @@ def test_each_missing_input_is_named_with_what_exists(store_v1: str) -> None:
 def test_the_refresh_dags_first_task_refuses_a_missing_corpus_or_model(store_v1: str) -> None:
     before = _listing(store_v1)
     health = AcceleratorHealthOperator(
-        task_id="health", artifact_root=store_v1, check_inputs={"corpus": "reviews"}
+        task_id="health", model="tiny", artifact_root=store_v1, check_inputs={"corpus": "reviews"}
     )
     with pytest.raises(AirflowFailException, match="corpus 'reviews'.*corpora there: products"):
         health.execute({})  # before any job process starts
@@ -59,7 +59,7 @@ def test_the_refresh_dags_first_task_refuses_a_missing_corpus_or_model(store_v1:
     assert _listing(store_v1) == before
     with pytest.raises(ValueError, match="check_inputs takes corpus and version"):
         AcceleratorHealthOperator(
-            task_id="h", artifact_root=store_v1, check_inputs={"dataset": "x"}
+            task_id="h", model="tiny", artifact_root=store_v1, check_inputs={"dataset": "x"}
         )
 
 
@@ -67,16 +67,20 @@ def test_the_corpus_dags_first_task_refuses_a_missing_version_or_corpus(
     store_v1: str, tmp_path: Path
 ) -> None:
     resolve = ResolveModelVersionOperator(
-        task_id="resolve_version", artifact_root=store_v1, corpus="products"
+        task_id="resolve_version", model="tiny", artifact_root=store_v1, corpus="products"
     )
     assert resolve.execute({}) == "v1"  # production
     missing = ResolveModelVersionOperator(
-        task_id="resolve_version", artifact_root=store_v1, version="v9", corpus="products"
+        task_id="resolve_version",
+        model="tiny",
+        artifact_root=store_v1,
+        version="v9",
+        corpus="products",
     )
     with pytest.raises(AirflowFailException, match=r"v9 of 'tiny' does not exist.*versions: v1"):
         missing.execute({})
     no_corpus = ResolveModelVersionOperator(
-        task_id="resolve_version", artifact_root=store_v1, corpus="reviews"
+        task_id="resolve_version", model="tiny", artifact_root=store_v1, corpus="reviews"
     )
     with pytest.raises(AirflowFailException, match="corpora there: products"):
         no_corpus.execute({})

@@ -7,9 +7,9 @@ import pytest
 
 from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.partitions import partition_day
 from embedfresh.core.shards import list_parts
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import _partition_day
 
 
 def test_shards_are_listed_only_for_whole_names(tmp_path):
@@ -21,8 +21,8 @@ def test_shards_are_listed_only_for_whole_names(tmp_path):
 
 @pytest.mark.parametrize("name", ["dt=2026-01-01\n", "dt=2026-01-01 ", "xdt=2026-01-01"])
 def test_partition_names_are_matched_whole(name):
-    assert _partition_day("dt=2026-01-01") is not None
-    assert _partition_day(name) is None
+    assert partition_day("dt=2026-01-01") is not None
+    assert partition_day(name) is None
 
 
 @pytest.mark.parametrize("value", ["tiny\n", "tiny\r\n", "\ntiny"])

@@ -718,7 +718,9 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
     )
 
     common = dict(artifact_root="file:///r", run_id="r1", model="tiny")
-    embed = BatchEmbeddingOperator(task_id="e", **common, version="v1", shards=[0, 2])
+    embed = BatchEmbeddingOperator(
+        task_id="e", **common, version="v1", corpus="products", shards=[0, 2]
+    )
     spec = embed.build_job_spec()
     assert spec.job == "embed"
     assert {k: spec.settings[k] for k in ("version", "corpus", "shards", "token_budget")} == {
@@ -726,7 +728,9 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
     }  # fmt: skip
     assert (
         "shards"
-        not in BatchEmbeddingOperator(task_id="a", **common, version="v1").build_job_spec().settings
+        not in BatchEmbeddingOperator(task_id="a", **common, version="v1", corpus="products")
+        .build_job_spec()
+        .settings
     )
     assert {"version", "corpus", "shards", "token_budget"} <= set(embed.template_fields)
     verify = EmbeddingVerifyOperator(task_id="v", **common, version="v1", corpus="docs")
@@ -789,9 +793,11 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
     _corpus_dir(tmp_path, "products", 5)
     (tmp_path / "corpora" / "products" / "notes.txt").write_text("ignored")
     root = f"file://{tmp_path}"
-    one = CorpusShardsOperator(task_id="l", artifact_root=root)
+    one = CorpusShardsOperator(task_id="l", artifact_root=root, corpus="products")
     assert one.execute({}) == [{"corpus": "products", "shards": [i]} for i in range(5)]
-    two = CorpusShardsOperator(task_id="m", artifact_root=root, shards_per_task="2")
+    two = CorpusShardsOperator(
+        task_id="m", artifact_root=root, corpus="products", shards_per_task="2"
+    )
     assert two.execute({}) == [
         {"corpus": "products", "shards": [0, 1]},
         {"corpus": "products", "shards": [2, 3]},
@@ -800,7 +806,11 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
     with pytest.raises(Fail, match="no part"):
         CorpusShardsOperator(task_id="n", artifact_root=root, corpus="none").execute({})
     with pytest.raises(Fail, match="shards_per_task must be >= 1"):
-        CorpusShardsOperator(task_id="o", artifact_root=root, shards_per_task=0).execute({})
+        CorpusShardsOperator(
+            task_id="o", artifact_root=root, corpus="products", shards_per_task=0
+        ).execute({})
+    with pytest.raises(ValueError, match="name the corpus to list"):
+        CorpusShardsOperator(task_id="p", artifact_root=root)
 
     with pytest.raises(Fail, match="nothing was promoted yet"):
         production_version(root, "tiny")
@@ -819,9 +829,11 @@ def test_shards_are_listed_in_chunks_and_the_production_version_is_read(tmp_path
         commit = tmp_path / "models" / "tiny" / "versions" / version / "COMMIT"
         commit.parent.mkdir(parents=True)
         commit.write_text(json.dumps({"files": {}}))
-    resolve = ResolveModelVersionOperator(task_id="r", artifact_root=root)
+    resolve = ResolveModelVersionOperator(task_id="r", artifact_root=root, model="tiny")
     assert resolve.execute({}) == "v7"
-    pinned = ResolveModelVersionOperator(task_id="s", artifact_root=root, version="v2")
+    pinned = ResolveModelVersionOperator(
+        task_id="s", artifact_root=root, model="tiny", version="v2"
+    )
     assert pinned.execute({}) == "v2"
 
 

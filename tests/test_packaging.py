@@ -290,11 +290,16 @@ from embedfresh.operators import (
 ROOT = {root!r}
 
 with DAG("packaged", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False) as dag:
-    resolve = ResolveModelVersionOperator(task_id="resolve", artifact_root=ROOT, version="v7")
-    shards = CorpusShardsOperator(task_id="list_shards", artifact_root=ROOT, shards_per_task=2)
+    resolve = ResolveModelVersionOperator(
+        task_id="resolve", artifact_root=ROOT, model="tiny", version="v7"
+    )
+    shards = CorpusShardsOperator(
+        task_id="list_shards", artifact_root=ROOT, corpus="products", shards_per_task=2
+    )
     health = AcceleratorHealthOperator(
         task_id="health",
         artifact_root=ROOT,
+        model="tiny",
         run_id="packaged",
         job_settings={{
             "collective_sizes": [4096],

@@ -70,6 +70,7 @@ register_runner("captured", CapturedRunner)
 def test_an_operator_runs_a_real_job_through_the_registered_runner(tmp_path: Path):
     op = AcceleratorHealthOperator(
         task_id="health",
+        model="tiny",
         artifact_root=f"file://{tmp_path}",
         run_id="r1",
         job_settings={"collectives": False},
@@ -88,6 +89,7 @@ def test_the_exit_code_contract_holds_under_the_registered_runner(tmp_path: Path
     # No gate report in an empty store: the release job's bad input (exit 2), no retry.
     op = ReleaseOperator(
         task_id="release",
+        model="tiny",
         artifact_root=f"file://{tmp_path}",
         run_id="r1",
         execution_mode="captured",
@@ -102,6 +104,7 @@ def test_the_built_in_modes_are_registered_runners():
     assert {str(m) for m in ExecutionMode} | {"captured"} <= set(registered_runners())
     local = EvaluationOperator(
         task_id="e",
+        model="tiny",
         artifact_root="file:///r",
         execution_mode=ExecutionMode.LOCAL,
         runner_settings={"kill_grace_s": 3, "tail_lines": 5},
@@ -114,20 +117,51 @@ def test_the_built_in_modes_are_registered_runners():
 def test_an_unknown_mode_fails_the_dag_file_at_parse_time_naming_the_known_ones():
     with pytest.raises(ValueError, match="unknown execution_mode 'kubernetes'") as info:
         with DAG("typo", schedule=None):
-            EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="kubernetes")
+            EvaluationOperator(
+                task_id="e", model="tiny", artifact_root="file:///r", execution_mode="kubernetes"
+            )
     for name in ("aws_batch", "captured", "local"):
         assert name in str(info.value)
 
 
-def test_settings_a_runner_does_not_take_fail_clearly_when_the_task_runs():
+def test_settings_a_runner_does_not_take_fail_the_dag_file_or_the_task_for_good():
+    typo = {"python": "/opt/py", "queue": "q"}
+    with pytest.raises(
+        ValueError, match="unknown settings \\['queue'\\] for execution_mode 'captured'"
+    ):
+        EvaluationOperator(
+            task_id="e",
+            model="tiny",
+            artifact_root="file:///r",
+            execution_mode="captured",
+            runner_settings=typo,
+        )
+    # Settings given as one template are checked once rendered: a failure without retry.
     op = EvaluationOperator(
         task_id="e",
+        model="tiny",
         artifact_root="file:///r",
         execution_mode="captured",
-        runner_settings={"python": "/opt/py", "queue": "q"},
-    )  # parses: settings may be templates until the task runs
-    with pytest.raises(ValueError, match="do not fit execution_mode 'captured'.*queue"):
-        _ = op.runner
+        runner_settings="{{ params.runner }}",
+    )
+    op.runner_settings = typo  # as rendered
+    with pytest.raises(AirflowFailException, match="unknown settings \\['queue'\\]"):
+        op.check_rendered_settings()
+    # By name, without a settings model: the registry cannot check them before the
+    # runner is built, and then the error is final too.
+    register_runner("scratch", "embedfresh.operators.runners.local:LocalRunner")
+    try:
+        late = EvaluationOperator(
+            task_id="e", model="tiny", artifact_root="file:///r", execution_mode="scratch",
+            runner_settings=typo,
+        )  # fmt: skip
+        late.check_rendered_settings()
+        with pytest.raises(
+            AirflowFailException, match="do not fit execution_mode 'scratch'.*queue"
+        ):
+            _ = late.runner
+    finally:
+        unregister_runner("scratch")
 
 
 def test_a_name_names_one_runner_until_it_is_unregistered():
@@ -142,7 +176,9 @@ def test_a_name_names_one_runner_until_it_is_unregistered():
     # By "module:attribute", imported only when a task builds the runner.
     register_runner("scratch", "embedfresh.operators.runners.local:LocalRunner")
     try:
-        op = EvaluationOperator(task_id="e", artifact_root="file:///r", execution_mode="scratch")
+        op = EvaluationOperator(
+            task_id="e", model="tiny", artifact_root="file:///r", execution_mode="scratch"
+        )
         assert type(op.runner) is LocalRunner
     finally:
         unregister_runner("scratch")
@@ -150,7 +186,9 @@ def test_a_name_names_one_runner_until_it_is_unregistered():
     assert registered_runners().count("captured") == 1
     with pytest.raises(ValueError, match="unknown execution_mode 'scratch'"):
         unregister_runner("scratch")
-    missing = EvaluationOperator(task_id="m", artifact_root="file:///r", execution_mode="captured")
+    missing = EvaluationOperator(
+        task_id="m", model="tiny", artifact_root="file:///r", execution_mode="captured"
+    )
     register_runner("gone", "tests.no_such_module:Runner")
     try:
         missing.execution_mode = "gone"

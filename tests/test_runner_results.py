@@ -242,6 +242,7 @@ def test_every_task_returns_its_result_record_the_same_under_local_and_aws_batch
     before = record_path(store, "release").read_bytes()
     release = ReleaseOperator(
         task_id="release",
+        model="tiny",
         artifact_root=root,
         run_id=RUN_ID,
         execution_mode="aws_batch",
@@ -266,6 +267,7 @@ def test_a_batch_task_returns_only_what_its_job_wrote(
     executor.enabled = executor_on
     op = AcceleratorHealthOperator(
         task_id="health",
+        model="tiny",
         artifact_root=f"file://{tmp_path}",
         run_id=RUN_ID,
         job_settings={"collectives": False},

@@ -139,8 +139,8 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
     rel = layout.report(cfg.model, cfg.run_id, report_kind(cfg.corpus))
     store.write_json(rel, report)
     return {**{k: report[k] for k in ("status", "release", "version", "corpus", "rows")},
-            "table": spec.name, "parts_loaded": len(todo), "parts_reused": len(loaded),
-            "report": store.url(rel)}  # fmt: skip
+            "table": spec.name, "index": where, "parts_loaded": len(todo),
+            "parts_reused": len(loaded), "report": store.url(rel)}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from typing import Any
 from embedfresh.core import layout
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import TrainConfig
+from embedfresh.core.partitions import partition_days
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import partition_days
 from embedfresh.ml.training import TrainingRun
 
 #: The summary printed on stdout: these fields of the report, and its URL.

@@ -12,6 +12,7 @@ from embedfresh.operators.runners.base import (
     AttachingRunner,
     DeferrableRunner,
     JobResult,
+    LinkingRunner,
     Runner,
 )
 from embedfresh.operators.runners.local import LocalRunner
@@ -23,12 +24,16 @@ from embedfresh.operators.runners.registry import (
     unregister_runner,
 )
 
-# The built-in execution modes, one line each (ExecutionMode names them).
-register_runner(ExecutionMode.LOCAL, "embedfresh.operators.runners.local:LocalRunner")
+# The built-in execution modes, one line each (ExecutionMode names them). Their settings
+# models are imported above already, so operators check settings when a DAG file parses.
+register_runner(
+    ExecutionMode.LOCAL, "embedfresh.operators.runners.local:LocalRunner", settings=LocalRunner
+)
 register_runner(
     ExecutionMode.AWS_BATCH,
     "embedfresh.operators.runners.aws_batch:AwsBatchRunner.from_settings",
     required_settings="batch={'job_definition': ..., 'job_queue': ...}",
+    settings=BatchSettings,
 )
 
 __all__ = [
@@ -37,6 +42,7 @@ __all__ = [
     "BatchSettings",
     "DeferrableRunner",
     "JobResult",
+    "LinkingRunner",
     "LocalRunner",
     "RegisteredRunner",
     "Runner",

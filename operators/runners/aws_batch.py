@@ -87,6 +87,8 @@ class BatchSettings:
         Batch cannot override them at submit time.
     :param job_queue: job queue name or ARN.
     :param aws_conn_id: Airflow connection for AWS credentials; ``None``: boto3 defaults.
+        An operator passes its own ``aws_conn_id`` argument here; giving it inside
+        ``batch=`` is kept for compatibility.
     :param region_name: AWS region; ``None``: the connection's or boto3's.
     :param share_identifier: fair-share identifier (only on queues with a fair-share policy).
     :param scheduling_priority_override: fair-share priority; higher runs first.
@@ -97,6 +99,8 @@ class BatchSettings:
     :param retry_attempts: Batch attempts (1-10) for the faults in :data:`EVALUATE_ON_EXIT`.
     :param tags: tags of the submitted job.
     :param deferrable: wait in the triggerer (``BatchJobTrigger``) instead of the worker.
+        An operator passes its own ``deferrable`` argument here (default: Airflow's
+        ``[operators] default_deferrable``).
     :param poll_interval: seconds between status checks.
     :param max_polls: status checks before giving up waiting (retryable failure).
     :param python: the interpreter inside the image.
@@ -183,6 +187,7 @@ class AwsBatchRunner:
         self.job_id: str | None = None
         self._state: TaskStateStore | None = None
         self._spec: JobSpec | None = None
+        self._links: tuple[Any, Any] | None = None
 
     @classmethod
     def from_settings(cls, **values: Any) -> AwsBatchRunner:
@@ -213,6 +218,50 @@ class AwsBatchRunner:
         return AwsLogsHook(
             aws_conn_id=self.settings.aws_conn_id, region_name=self.settings.region_name
         )
+
+    # --- the links a person follows from the task -------------------------------------
+
+    def link_to(self, context: Any, operator: Any) -> None:
+        """Persist the provider's Batch links (job, definition, queue, CloudWatch log) of
+        the job this runner submits, attaches to or resumes, into ``context``'s XCom, as
+        the provider's ``BatchOperator`` does; nothing without a task instance."""
+        has_ti = hasattr(context, "get") and context.get("ti") is not None
+        self._links = (context, operator) if has_ti else None
+
+    def _persist_links(self, job_id: str, job: Mapping[str, Any] | None = None) -> None:
+        """The job's details link; with its DescribeJobs record, its definition, queue and
+        newest CloudWatch log stream too. Never fails the task: a link is not the job."""
+        if self._links is None:
+            return
+        from airflow.providers.amazon.aws.links.batch import (
+            BatchJobDefinitionLink,
+            BatchJobDetailsLink,
+            BatchJobQueueLink,
+        )
+        from airflow.providers.amazon.aws.links.logs import CloudWatchEventsLink
+
+        context, operator = self._links
+        try:
+            where = {
+                "context": context,
+                "operator": operator,
+                "region_name": self.hook.conn_region_name,
+                "aws_partition": self.hook.conn_partition,
+            }
+            BatchJobDetailsLink.persist(**where, job_id=job_id)
+            if job is None:
+                return
+            if job.get("jobDefinition"):
+                BatchJobDefinitionLink.persist(**where, job_definition_arn=job["jobDefinition"])
+            if job.get("jobQueue"):
+                BatchJobQueueLink.persist(**where, job_queue_arn=job["jobQueue"])
+            if job.get("container") or job.get("nodeProperties"):
+                if awslogs := self.hook.get_job_all_awslogs_info(job_id):
+                    CloudWatchEventsLink.persist(**where, **awslogs[-1])  # the newest attempt
+        except Exception as e:
+            logging.getLogger(__name__).warning(
+                "Could not store the links of AWS Batch job %s: %s", job_id, e
+            )
 
     # --- the request ------------------------------------------------------------------
 
@@ -367,6 +416,7 @@ class AwsBatchRunner:
             )  # fmt: skip
             return spec
         self.job_id = str(job["jobId"])
+        self._persist_links(self.job_id)
         ticket = ResultTicket(name=tags[TAG_RESULT_NAME], attempt_id=tags[TAG_ATTEMPT_ID])
         log.info(
             "Re-attaching to AWS Batch job %s (%s), %s, %s: no second job is submitted",
@@ -425,6 +475,7 @@ class AwsBatchRunner:
             ) from e
         self.job_id = response["jobId"]
         log.info("AWS Batch job %s submitted as %s", request["jobName"], self.job_id)
+        self._persist_links(self.job_id)
         self._record(self.job_id, spec.result, log)
         return self.job_id
 
@@ -494,6 +545,7 @@ class AwsBatchRunner:
         from airflow.sdk.exceptions import AirflowException
 
         [job] = self._describe([job_id]) or [{}]
+        self._persist_links(job_id, job)
         children = self._children(job)
         if children and self.settings.child_logs:
             copier = LogCopier(self.logs_hook, self.settings.log_group, log)

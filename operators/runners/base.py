@@ -82,3 +82,15 @@ class AttachingRunner(Runner, Protocol):
         """Find the task instance's job still running (``state``: Airflow's
         ``context["task_state_store"]``); the spec to go on with, that job's if found."""
         ...
+
+
+@runtime_checkable
+class LinkingRunner(Runner, Protocol):
+    """A runner whose job has pages elsewhere (a cloud console, its logs): it stores what
+    the operator's extra links need as it learns it (the job's id, its queue, its log
+    stream), in the task's XCom, the way the Amazon provider's own operators do."""
+
+    def link_to(self, context: Any, operator: Any) -> None:
+        """Persist links for the job this runner starts, attaches to or resumes from now
+        on, through ``context["ti"]`` (``operator``: the task the links belong to)."""
+        ...

@@ -24,7 +24,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.plugins.model_quality import actions, reports
 from embedfresh.plugins.model_quality.chart import curve_chart
 from embedfresh.plugins.model_quality.page import message_page, render_page
-from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root
+from embedfresh.plugins.model_quality.settings import URL_PREFIX, artifact_root, storage_options
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ async def authorized_user(
 
 
 def _store(request: Request) -> ArtifactStore:
-    return ArtifactStore(request.app.state.artifact_root or artifact_root())
+    root = request.app.state.artifact_root or artifact_root()
+    return ArtifactStore(root, storage_options(root))
 
 
 Store = Annotated[ArtifactStore, Depends(_store)]

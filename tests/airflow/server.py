@@ -124,6 +124,8 @@ class AirflowServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self.passwords: dict[str, str] = json.loads(passwords_file(home).read_text())
         self._tokens: dict[str, str] = {}
+        #: The SMTP server the deployment's notifications go to, when a test gives one.
+        self.mailbox: Any = None
 
     # --- lifecycle ----------------------------------------------------------------------
 

@@ -88,6 +88,15 @@ def test_failed_gate_is_a_green_run_that_releases_nothing(refresh_dag: AirflowSe
     assert decision["reference"] == "production-run" and decision["candidate"] == run_id
     log = server.task_log(REFRESH, run_id, "gate_passed", 1)
     assert "gate FAIL for candidate bad-partition" in log, log
+    # People were told: the deployment's e-mail, received by a real SMTP server, with
+    # the decision, each metric's interval and the page's link.
+    mails = [m for m in server.mailbox.messages() if run_id in m.get_body().get_content()]
+    assert len(mails) == 1, [m["Subject"] for m in server.mailbox.messages()]
+    body = mails[0].get_body().get_content()
+    assert "FAIL" in mails[0]["Subject"], mails[0]["Subject"]
+    interval = f"[{accuracy['ci_low'] * 100:+.3f}%, {accuracy['ci_high'] * 100:+.3f}%]"
+    assert f"accuracy: FAIL, d {accuracy['d'] * 100:+.3f}%" in body and interval in body, body
+    assert "/model-quality/?model=tiny" in body, body
 
     train = store.read_json(layout.report("tiny", run_id, "train"))
     assert train["data_interval"] == [str(DAY2), "2026-01-03"]

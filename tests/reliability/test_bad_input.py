@@ -429,7 +429,7 @@ def test_every_float_of_every_job_config_must_be_finite(value):
     ],
 )
 def test_partition_folder_names(data_template, tmp_path, name, refused):
-    from embedfresh.ml.data.reader import partition_days
+    from embedfresh.core.partitions import partition_days
 
     dest = tmp_path / "artifacts"
     shutil.copytree(data_template / "datasets", dest / "datasets")

@@ -20,6 +20,7 @@ from embedfresh.core.storage.schemes import (
 from embedfresh.core.storage.store import (
     ArtifactStore,
     before_first_write,
+    default_storage_options,
     is_transient,
     json_bytes,
     writing_elsewhere,
@@ -31,6 +32,7 @@ __all__ = [
     "S3_RETRY_MODE",
     "ArtifactStore",
     "before_first_write",
+    "default_storage_options",
     "Scheme",
     "is_transient",
     "json_bytes",

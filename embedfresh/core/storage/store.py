@@ -16,12 +16,14 @@ translation of storage errors into the exit-code contract are here, the same for
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import functools
 import json
 import logging
 import posixpath
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -134,6 +136,34 @@ def writing_elsewhere(root: str) -> None:
         callback()
 
 
+#: Options of stores made without their own, by URL scheme (:func:`default_storage_options`).
+_DEFAULT_OPTIONS: contextvars.ContextVar[Mapping[str, Mapping[str, Any]]] = contextvars.ContextVar(
+    "embedfresh_default_storage_options", default=MappingProxyType({})
+)
+
+
+@contextlib.contextmanager
+def default_storage_options(protocol: str, options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Inside the block, every store of ``protocol`` (``"s3"``) made without
+    ``storage_options`` of its own gets ``options``; ``None`` changes nothing.
+
+    How a caller that resolved credentials elsewhere (the control plane, from an Airflow
+    connection) hands them to the stores that the readers it calls make themselves
+    (result records, the registry, input checks), without those knowing where they came
+    from. Scoped to the current thread or task (a context variable).
+    """
+    if options is None:
+        yield
+        return
+    token = _DEFAULT_OPTIONS.set(
+        MappingProxyType({**_DEFAULT_OPTIONS.get(), protocol: dict(options)})
+    )
+    try:
+        yield
+    finally:
+        _DEFAULT_OPTIONS.reset(token)
+
+
 class ArtifactStore:
     """Reads and writes artifacts under one root URL through fsspec.
 
@@ -141,7 +171,8 @@ class ArtifactStore:
         root of another registered scheme. For S3 the endpoint comes from
         ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when set (MinIO, moto), otherwise
         from the usual AWS configuration.
-    :param storage_options: passed to the scheme's filesystem (S3: s3fs's options).
+    :param storage_options: passed to the scheme's filesystem (S3: s3fs's options);
+        ``None``: those :func:`default_storage_options` holds for the scheme, if any.
     :raises BadInputError: the root's scheme is not registered (the message lists those
         that are), or the root is not usable for its scheme (an S3 URL without bucket).
     """
@@ -149,6 +180,8 @@ class ArtifactStore:
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
         parsed = urlparse(root)
         protocol = parsed.scheme or "file"  # a plain path is a local directory
+        if storage_options is None and protocol in _DEFAULT_OPTIONS.get():
+            storage_options = dict(_DEFAULT_OPTIONS.get()[protocol])
         self._scheme = scheme_class(protocol, root)(storage_options)
         self.protocol = protocol
         self._base = self._scheme.base(root, parsed)

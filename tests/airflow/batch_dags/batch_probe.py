@@ -35,6 +35,7 @@ for dag_id, deferrable in (("batch_probe_poll", False), ("batch_probe_deferred",
     ):
         AcceleratorHealthOperator(
             task_id="health",
+            model="tiny",
             artifact_root="{{ params.artifact_root }}",
             job_settings={"collectives": False},
             env={
