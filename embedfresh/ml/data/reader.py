@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 #: have different ids and are not duplicates.
 ROW_KEY = ("query_id", "product_id")
 
+
 @dataclass(frozen=True)
 class Examples:
     """Columns of validated examples, features already transformed for the model."""
