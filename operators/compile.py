@@ -20,8 +20,12 @@ class AheadOfTimeCompileOperator(IncrementalTrainingOperator):
     ``NEURON_COMPILE_CACHE_URL`` pointing into the artifact store (``s3://`` in
     production), the same two variables the training job then uses.
 
-    Takes the training operator's arguments (data interval, epochs, ``job_settings``):
-    give it the training task's, so the trial compiles the graphs that task will run.
+    Takes the training operator's arguments (data interval, epochs, ``job_settings``,
+    ``nproc_per_node``): give it the training task's, so the trial compiles the graphs
+    that task will run. The job runs under the same launch as training (torchrun with
+    ``nproc_per_node`` > 1: the trial trains data parallel, global rank 0 alone writes)
+    and the cache key holds the launch's world size, so a train of another world size
+    does not find this entry.
     Trial settings (``trial_steps``, ``neuron_max_retries``, ...) go in ``job_settings``.
 
     Writes ``runs/<model>/<run_id>/reports/compile.json``; the XCom value is the job's

@@ -18,6 +18,16 @@ already committed is a cache hit and the job ends in seconds. Per mode:
   with the environment of :func:`embedfresh.ml.compile.neuron.neuron_env`, which the train job
   uses too; Neuron fills ``NEURON_COMPILE_CACHE_URL`` and the entry records its summary.
 
+The job runs under the launch train runs under (the DAG gives both the same
+``nproc_per_node``), and the key holds that launch's world size
+(:mod:`embedfresh.ml.compile.launch`). Under torchrun with several ranks the trial is
+data parallel, as train is: with ``torch.compile`` every rank trains its shard in this
+process; in the subprocess modes the first rank of each node starts the trial under
+the same launch (``neuron_parallel_compile python -m embedfresh.jobs.launch
+--standalone --nproc-per-node N -m embedfresh.jobs.train ...``). Global rank 0 alone
+decides hit or miss, writes the cache entry, its marker and the report (and, through
+:mod:`embedfresh.core.cli`, the result record); the other ranks wait for it and exit 0.
+
 Report: ``runs/{model}/{run_id}/reports/compile.json``.
 """
 
@@ -39,25 +49,31 @@ from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import CompileConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.partitions import partition_days
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.compile import modes, torch_cache
 from embedfresh.ml.compile.key import cache_key, key_parts
+from embedfresh.ml.compile.launch import Launch, Ranks, child_env, free_port, join
 from embedfresh.ml.compile.neuron import cache_root, neuron_env, parse_summary
-from embedfresh.ml.data.reader import partition_days
 
 log = logging.getLogger("embedfresh.jobs.compile")
 
 #: Files a cache-entry marker carries besides the listing (the entry's own report).
 ENTRY_META = "compile"
 
+#: Seconds the other ranks wait for rank 0's writes beyond the trial's own limit.
+WRITE_MARGIN_S = 900
+
 
 def compile_job(cfg: CompileConfig) -> dict[str, Any]:
     """Trace and compile every graph of the training run ``cfg`` describes, once per key."""
     started = time.perf_counter()
+    launch = Launch.from_env()
     store = ArtifactStore(cfg.artifact_root)
     cache = cache_root(cfg)
     backend = modes.resolve_backend(cfg.backend)
     mode = modes.resolve_mode(cfg.compile, backend, cfg.model)
+    # The train job's very call: the key of this launch's world size.
     key = cache_key(cfg, backend, mode)
     entry = layout.compile_cache(backend, key)
     # Checked in every mode: a compile step that passes must not hide missing data.
@@ -72,52 +88,87 @@ def compile_job(cfg: CompileConfig) -> dict[str, Any]:
         "mode": mode,
         "key": key,
         "key_parts": key_parts(cfg, backend, mode),
+        "world_size": launch.world_size,
+        "nodes": launch.nodes,
         "cache_url": _cache_url(cfg, cache, backend, entry),
         "warm_seconds_to_first_step": None,
     }
-    if mode == modes.EAGER:
-        report = {
-            **base,
-            "cache_hit": False,
-            "graphs": 0,
-            "cold_seconds_to_first_step": None,
-            "size_bytes": 0,
-            "created_at": _now(),
-            "message": f"eager: nothing to compile (compile={cfg.compile} on {backend})",
-        }
-    elif markers.verify(cache, entry).ok:
-        stored = markers.read_marker(cache, entry)[ENTRY_META]
-        report = {
-            **base,
-            **{k: stored.get(k) for k in ("graphs", "cold_seconds_to_first_step", "created_at")},
-            "cache_hit": True,
-            "size_bytes": _entry_size(cache, entry),
-            "message": f"cache hit: {cache.url(entry)} already holds key {key}",
-        }
-    else:
-        with tempfile.TemporaryDirectory(prefix="compile-trial-") as tmp:
-            trial_store = ArtifactStore(f"file://{tmp}/store")
-            trial_cfg = trial_config(cfg, store, trial_store, backend, day)
-            files, found = _run_trial(cfg, trial_cfg, trial_store, mode, Path(tmp))
-        created = _now()
-        stored = {"created_at": created, **found}
-        markers.publish(
-            cache, entry, files, meta={ENTRY_META: stored, "key_parts": base["key_parts"]}
-        )
-        report = {
-            **base,
-            **found,
-            "cache_hit": False,
-            "size_bytes": sum(len(v) for v in files.values()),
-            "created_at": created,
-            "message": f"compiled: {found.get('graphs')} graphs ({mode}) stored at {cache.url(entry)}",
-        }
-    report["wall_seconds"] = round(time.perf_counter() - started, 3)
-    report_rel = layout.report(cfg.model, cfg.run_id, "compile")
-    store.write_json(report_rel, report)
-    log.info("%s", report["message"])
+    # torch.compile trains in this process: its ranks join the group train joins (its
+    # device's); the other modes only wait for rank 0, in a gloo group.
+    group_backend = backend if mode == modes.TORCH_COMPILE else None
+    with join(launch, group_backend, cfg.timeout_seconds + WRITE_MARGIN_S) as ranks:
+        if mode == modes.EAGER:
+            report = {
+                **base,
+                "cache_hit": False,
+                "graphs": 0,
+                "cold_seconds_to_first_step": None,
+                "size_bytes": 0,
+                "created_at": _now(),
+                "message": f"eager: nothing to compile (compile={cfg.compile} on {backend})",
+            }
+        elif ranks.agree(markers.verify(cache, entry).ok if launch.is_main else None):
+            report = _hit_report(base, cache, entry) if launch.is_main else {**base}
+        else:
+            report = _compile(cfg, store, cache, entry, base, backend, mode, day, ranks)
+        report["wall_seconds"] = round(time.perf_counter() - started, 3)
+        report_rel = layout.report(cfg.model, cfg.run_id, "compile")
+        if launch.is_main:
+            store.write_json(report_rel, report)
+            log.info("%s", report["message"])
+        ranks.wait_for_main()  # the others leave once rank 0 wrote everything
+    if not launch.is_main:  # rank 0 alone writes the entry, the report and the record
+        return {"status": "ok", "rank": launch.rank, "key": key, "mode": mode}
     keys = ("status", "backend", "mode", "key", "cache_hit", "graphs", "size_bytes", "message")
     return {**{k: report.get(k) for k in keys}, "report": store.url(report_rel)}
+
+
+def _hit_report(base: dict[str, Any], cache: ArtifactStore, entry: str) -> dict[str, Any]:
+    stored = markers.read_marker(cache, entry)[ENTRY_META]
+    return {
+        **base,
+        **{k: stored.get(k) for k in ("graphs", "cold_seconds_to_first_step", "created_at")},
+        "cache_hit": True,
+        "size_bytes": _entry_size(cache, entry),
+        "message": f"cache hit: {cache.url(entry)} already holds key {base['key']}",
+    }
+
+
+def _compile(
+    cfg: CompileConfig,
+    store: ArtifactStore,
+    cache: ArtifactStore,
+    entry: str,
+    base: dict[str, Any],
+    backend: str,
+    mode: str,
+    day: dt.date,
+    ranks: Ranks,
+) -> dict[str, Any]:
+    """Run the trial (every rank its part) and, on rank 0, publish the entry; returns the
+    report (rank 0's; the base elsewhere)."""
+    launch = ranks.launch
+    master = None
+    if mode != modes.TORCH_COMPILE and launch.nodes > 1:  # the trial launch's rendezvous
+        here = (os.environ.get("MASTER_ADDR", "127.0.0.1"), free_port())
+        master = ranks.agree(here if launch.is_main else None)
+    with tempfile.TemporaryDirectory(prefix="compile-trial-") as tmp:
+        trial_store = ArtifactStore(f"file://{tmp}/store")
+        trial_cfg = trial_config(cfg, store, trial_store, backend, day)
+        files, found = _run_trial(cfg, trial_cfg, trial_store, mode, Path(tmp), ranks, master)
+    if not launch.is_main:
+        return {**base}
+    created = _now()
+    stored = {"created_at": created, **found}
+    markers.publish(cache, entry, files, meta={ENTRY_META: stored, "key_parts": base["key_parts"]})
+    return {
+        **base,
+        **found,
+        "cache_hit": False,
+        "size_bytes": sum(len(v) for v in files.values()),
+        "created_at": created,
+        "message": f"compiled: {found.get('graphs')} graphs ({mode}) stored at {cache.url(entry)}",
+    }
 
 
 def trial_config(
@@ -159,25 +210,44 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
 
 
 def _run_trial(
-    cfg: CompileConfig, trial_cfg: TrainConfig, trial_store: ArtifactStore, mode: str, tmp: Path
+    cfg: CompileConfig,
+    trial_cfg: TrainConfig,
+    trial_store: ArtifactStore,
+    mode: str,
+    tmp: Path,
+    ranks: Ranks,
+    master: tuple[str, int] | None = None,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Run the trial; returns the entry's files and the figures it found."""
+    """Run this rank's part of the trial; returns the entry's files and the figures it
+    found (rank 0's; empty on the other ranks)."""
+    launch = ranks.launch
     report_rel = layout.report(trial_cfg.model, trial_cfg.run_id, "train")
     if mode == modes.TORCH_COMPILE:
         # In this process: the mega-cache is what this process compiled. The training
         # code is the train job's own (embedfresh.ml.training); a job never imports a job.
+        # Under torchrun every rank trains its shard (the group is the job's, joined
+        # already), as train does; rank 0's caches hold every graph (the same on each
+        # rank, and the evaluation's, which rank 0 alone runs).
         from embedfresh.ml.training import TrainingRun  # noqa: PLC0415 - imports torch
 
         inductor_dir = torch_cache.fresh_inductor_dir()
         try:
             # On cpu, inductor's check of the CPU's vector ISAs, which it would otherwise
             # run at its first compile: a cold start pays it, so the cold figure counts it.
+            # Rank 0 checks; a rank whose CPU offers the same ISAs takes its answer, as a
+            # restore does (N ranks of one node would otherwise each build the tests).
             checked = time.perf_counter()
-            vec_isa = torch_cache.check_vec_isa() if trial_cfg.backend == "cpu" else {}
+            vec_isa: dict[str, Any] = {}
+            if trial_cfg.backend == "cpu" and launch.is_main:
+                vec_isa = ranks.agree(torch_cache.check_vec_isa())
+            elif trial_cfg.backend == "cpu":
+                vec_isa = torch_cache.same_cpu_vec_isa(ranks.agree(None))
             check_seconds = time.perf_counter() - checked
             with torch_cache.vec_isa_setting(vec_isa), TrainingRun.open(trial_cfg) as run:
                 # No version published: the trial's figures and graphs are the training's.
                 report = run.report(run.fit(), version_url=None)
+            if not launch.is_main:
+                return {}, {}
             files = torch_cache.collect(inductor_dir, vec_isa)
         finally:
             shutil.rmtree(inductor_dir, ignore_errors=True)
@@ -188,10 +258,16 @@ def _run_trial(
             found["vec_isa"] = {**vec_isa, "check_seconds": round(check_seconds, 3)}
         return files, found
 
+    if not launch.is_node_main:  # the node's first rank starts the trial for the node
+        return {}, {}
     config_file = tmp / "trial-train.json"
     config_file.write_text(trial_cfg.model_dump_json())
-    command = [sys.executable, "-m", "embedfresh.jobs.train", "--config", str(config_file)]
-    env = dict(os.environ)
+    # The launch train runs under (one process, or torchrun with this launch's shape),
+    # started afresh: torchrun's variables of this job's own launch are not passed on.
+    command = launch.trial_command(
+        sys.executable, "embedfresh.jobs.train", ["--config", str(config_file)], master=master
+    )
+    env = child_env(os.environ) if launch.distributed else dict(os.environ)
     if mode == modes.NEURON_PARALLEL_COMPILE:
         tool = shutil.which(cfg.neuron_parallel_compile)
         if tool is None:
@@ -205,12 +281,15 @@ def _run_trial(
             env["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] = str(cfg.neuron_max_retries)
     output = _run(command, env, cfg.timeout_seconds, tmp)
     if mode == modes.XLA_TRACE:
+        if not launch.is_main:
+            return {}, {}
         found = _trial_figures(trial_store.read_json(report_rel))
         found["note"] = (
             "graph coverage proven; the CPU PJRT persistent cache cannot be read back, "
             "so the real run compiles these graphs again"
         )
         return {"coverage.json": json.dumps(found, sort_keys=True).encode()}, found
+    # Each node's tool compiles its node's graphs and says so: any failure fails the job.
     summary = parse_summary(output)
     if summary is None:
         raise RuntimeError(
@@ -221,6 +300,8 @@ def _run_trial(
             f"neuron_parallel_compile: {summary['failed']} of {summary['graphs']} graphs "
             "failed to compile; see its log above"
         )
+    if not launch.is_main:
+        return {}, {}
     found = {
         "graphs": summary["graphs"],
         "summary": summary,

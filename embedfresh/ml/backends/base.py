@@ -34,6 +34,7 @@ class Backend(abc.ABC):
         self.compiled = False
         self.rank = 0
         self.world_size = 1
+        self._owns_group = False  # this backend joined the process group (and leaves it)
 
     @classmethod
     @abc.abstractmethod
@@ -62,14 +63,18 @@ class Backend(abc.ABC):
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self._owns_group = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
     def stop_distributed(self) -> None:
-        if self.world_size > 1:
+        """Leave the process group this backend joined; one it found already joined (the
+        compile job's, around its trial) is left by whoever joined it."""
+        if self.world_size > 1 and self._owns_group:
             import torch.distributed as dist  # noqa: PLC0415
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+            self._owns_group = False
 
     def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` under DistributedDataParallel when there are several ranks (its

@@ -2,9 +2,16 @@
 
 It hashes the model config (architecture), the batch shape and sequence length of the
 training and evaluation steps, what else changes the traced program (contrastive term,
-dropout, data-parallel world size), the backend, the compile mode and flags, the
-versions of every library that generates code (python, torch, torch-xla, Neuron's), and
-on the cpu backend the CPU's feature flags (its kernels are built for this CPU).
+dropout, the launch's world size and the parallelism: with several ranks the model
+runs under DDP, whose graphs dynamo splits at the gradient buckets), the backend, the compile mode and flags, the versions of
+every library that generates code (python, torch, torch-xla, Neuron's), and on the cpu
+backend the CPU's feature flags (its kernels are built for this CPU).
+
+The compile job and the train job both call :func:`cache_key` / :func:`key_parts` with
+the world size of the launch they run under (:func:`launch_world_size`; the DAG starts
+both with the same ``nproc_per_node``), so a compile under ``torchrun --nproc-per-node
+2`` fills the entry a train under the same launch restores, and a one-process train
+looks for another entry.
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from typing import Any
 from embedfresh.core import cpuinfo
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.compile.launch import launch_world_size
 from embedfresh.ml.model import versions
+
+#: The parallelism of a run with several ranks today: DistributedDataParallel (each rank
+#: a whole replica). A sharded mode (FSDP/HSDP) traces other graphs: it joins the key.
+DDP = "ddp"
 
 #: Distributions whose version changes generated code, where installed.
 _LIBRARIES = ("torch", "torch-xla", "torch-neuronx", "neuronx-cc", "triton")
@@ -57,8 +69,22 @@ def cpu_flags_digest() -> str:
     return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12] if flags else ""
 
 
-def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> dict[str, Any]:
-    """Everything the key hashes, as the compile report shows it."""
+def key_parts(
+    cfg: TrainConfig,
+    backend: str,
+    mode: str,
+    *,
+    world_size: int | None = None,
+    parallelism: str = DDP,
+) -> dict[str, Any]:
+    """Everything the key hashes, as the compile report shows it.
+
+    :param world_size: ranks of the run; None: this process's launch
+        (:func:`launch_world_size`), what both jobs pass.
+    :param parallelism: how the ranks split the model (:data:`DDP`).
+    """
+    if world_size is None:
+        world_size = launch_world_size()
     spec, _ = versions.resolve_model(ArtifactStore(cfg.artifact_root), cfg.model)
     return {
         "model": cfg.model,
@@ -69,6 +95,7 @@ def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) ->
         "contrastive": cfg.contrastive_weight > 0,
         "dropout": cfg.dropout,
         "world_size": world_size,
+        "parallelism": parallelism,
         "backend": backend,
         "mode": mode,
         "flags": cfg.neuron_cc_flags if backend == "neuron" else "dynamic=False",
@@ -77,9 +104,16 @@ def key_parts(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) ->
     }
 
 
-def cache_key(cfg: TrainConfig, backend: str, mode: str, world_size: int = 1) -> str:
-    """Short hex digest of :func:`key_parts`."""
-    return digest(key_parts(cfg, backend, mode, world_size))
+def cache_key(
+    cfg: TrainConfig,
+    backend: str,
+    mode: str,
+    *,
+    world_size: int | None = None,
+    parallelism: str = DDP,
+) -> str:
+    """The compile-cache key of a run: short hex digest of :func:`key_parts`."""
+    return digest(key_parts(cfg, backend, mode, world_size=world_size, parallelism=parallelism))
 
 
 def digest(parts: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import tarfile
 import tempfile
 import time
@@ -179,6 +180,15 @@ def check_vec_isa() -> dict[str, Any]:
     return checks
 
 
+def same_cpu_vec_isa(checks: dict[str, Any]) -> dict[str, Any]:
+    """On another rank of a data-parallel trial: ``checks`` (rank 0's
+    :func:`check_vec_isa`) when they allow ``vec_isa_ok`` and this CPU offers the same
+    ISAs, as a restore takes them; else this rank's own check."""
+    if checks.get("vec_isa_ok") and vec_isa_checks(run=False).get("offered") == checks["offered"]:
+        return checks
+    return check_vec_isa()
+
+
 def vec_isa_setting(checks: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
     """``vec_isa_ok`` set while inside (the trial only, not the rest of the process) when
     ``checks`` allow it."""
@@ -202,6 +212,23 @@ def _skip_vec_isa_check(recorded: dict[str, Any]) -> bool:
     return True
 
 
+def _extract(tar: tarfile.TarFile, target: str) -> None:
+    """Extract ``tar`` into ``target``, each file moved in whole (``os.replace``): the
+    ranks of a data-parallel train restore into one ``TORCHINDUCTOR_CACHE_DIR`` at once,
+    and none may load a file another is still writing."""
+    staging = tempfile.mkdtemp(prefix=".restore-", dir=target)
+    try:
+        tar.extractall(staging, filter="data")  # no absolute paths, links out, devices
+        for folder, dirs, files in os.walk(staging):
+            dest = os.path.normpath(os.path.join(target, os.path.relpath(folder, staging)))
+            os.makedirs(dest, exist_ok=True)
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            for name in [*files, *links]:
+                os.replace(os.path.join(folder, name), os.path.join(dest, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
     """Load the committed entry ``backend/key``, if any, before compiling: extract the
     inductor archive into ``TORCHINDUCTOR_CACHE_DIR`` (a fresh directory unless one is
@@ -219,7 +246,7 @@ def restore(store: ArtifactStore, backend: str, key: str) -> dict[str, Any]:
     target = os.environ.get(INDUCTOR_DIR_ENV) or fresh_inductor_dir()
     os.makedirs(target, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(store.read_bytes(f"{rel}/{INDUCTOR_ARCHIVE}"))) as tar:
-        tar.extractall(target, filter="data")  # no absolute paths, links out, devices
+        _extract(tar, target)
     mega = store.read_bytes(f"{rel}/{MEGA_CACHE}")
     if mega:
         torch.compiler.load_cache_artifacts(mega)

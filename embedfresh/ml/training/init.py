@@ -82,6 +82,6 @@ def prepare_compile(cfg: TrainConfig, backend_name: str) -> dict[str, Any]:
         os.environ.update(env)
         info["env"] = env
     elif mode == modes.TORCH_COMPILE:
-        key = cache_key(cfg, backend_name, mode, int(os.environ.get("WORLD_SIZE", "1")))
+        key = cache_key(cfg, backend_name, mode)  # this launch's world size, as compile's
         info["cache"] = torch_cache.restore(cache_root(cfg), backend_name, key)
     return info
