@@ -20,8 +20,9 @@ How the shards fan out is a deployment setting, read when the DAG file is parsed
   current and submits one AWS Batch array job of at most ``max_children`` children
   (Param; Batch's limit is 10,000), each embedding a slice; a re-run submits only what
   is still pending. It needs ``EMBEDFRESH_BATCH_JOB_QUEUE`` and
-  ``EMBEDFRESH_BATCH_JOB_DEFINITION``; ``EMBEDFRESH_EMBED_MAX_CHILDREN`` sets the
-  Param's default (1,000).
+  ``EMBEDFRESH_BATCH_JOB_DEFINITION`` (or their per-step forms,
+  ``EMBEDFRESH_BATCH_EMBED_JOB_QUEUE``...: ``operators/resources.py``);
+  ``EMBEDFRESH_EMBED_MAX_CHILDREN`` sets the Param's default (1,000).
 
 Either way ``verify`` (the same operator; on AWS Batch too with ``array``) checks every
 shard against the corpus and writes the manifest. docs/SCALING.md says where each one
@@ -58,16 +59,8 @@ if FAN_OUT not in ("mapped", "array"):
     raise ValueError(f"EMBEDFRESH_EMBED_FAN_OUT must be mapped or array, got {FAN_OUT!r}")
 
 
-def _batch_settings() -> dict[str, str]:
-    """The array fan-out's AWS Batch queue and job definition, from the environment."""
-    names = {
-        "job_queue": "EMBEDFRESH_BATCH_JOB_QUEUE",
-        "job_definition": "EMBEDFRESH_BATCH_JOB_DEFINITION",
-    }
-    missing = [env for env in names.values() if not os.environ.get(env)]
-    if missing:
-        raise ValueError(f"EMBEDFRESH_EMBED_FAN_OUT=array needs {' and '.join(missing)}")
-    return {key: os.environ[env] for key, env in names.items()}
+#: The array fan-out runs on AWS Batch whatever the deployment's default runner.
+ON_BATCH = "aws_batch" if FAN_OUT == "array" else None
 
 
 if FAN_OUT == "mapped":
@@ -117,16 +110,11 @@ with DAG(
     verify = EmbeddingVerifyOperator(
         task_id="verify",
         **COMMON_JOB_ARGS,
-        **task_resources("verify"),
-        version=VERSION,
-        corpus="{{ params.corpus }}",
         # With the array fan-out the corpus is large: the verifier, which reads every
         # part, runs where the embeddings were made, not on the Airflow worker.
-        **(
-            {"execution_mode": "aws_batch", "batch": _batch_settings()}
-            if FAN_OUT == "array"
-            else {}
-        ),
+        **task_resources("verify", ON_BATCH),
+        version=VERSION,
+        corpus="{{ params.corpus }}",
     )
     if FAN_OUT == "mapped":
         list_shards = CorpusShardsOperator(
@@ -143,11 +131,9 @@ with DAG(
         embed_array = BatchArrayEmbeddingOperator(
             task_id="embed",
             **COMMON_JOB_ARGS,
-            **task_resources("embed"),
+            **task_resources("embed", ON_BATCH),
             version=VERSION,
             corpus="{{ params.corpus }}",
             max_children="{{ params.max_children }}",
-            execution_mode="aws_batch",
-            batch=_batch_settings(),
         )
         resolve_version >> embed_array >> verify

@@ -1,4 +1,5 @@
-"""What a DAG's job task may hold: the accelerator pool and a time limit, per step.
+"""What a DAG's job task may hold, and where it runs: the accelerator pool, a time limit
+and the runner, per step.
 
 Both are deployment settings read when a DAG file is parsed, so every DAG gets them the
 same way (``**task_resources("train")``):
@@ -13,6 +14,9 @@ same way (``**task_resources("train")``):
   task whose pool does not exist: ``make demo``, ``make airflow``, docker-compose.yaml's
   init and the test Airflows create it (:func:`pool_command`). ``EMBEDFRESH_ACCELERATOR_POOL=default_pool``
   opts out (Airflow's own pool, 128 slots).
+- **The runner** (:func:`step_runner`): ``EMBEDFRESH_EXECUTION_MODE`` (``local`` by
+  default, ``aws_batch``) puts every DAG's job steps on one runner, with per-step AWS
+  Batch queues and definitions (``EMBEDFRESH_BATCH_<STEP>_JOB_QUEUE``, ...).
 - **A time limit per step** (``execution_timeout``): :data:`STEP_TIMEOUTS` by default,
   ``EMBEDFRESH_TIMEOUT_<STEP>_SECONDS`` (``EMBEDFRESH_TIMEOUT_TRAIN_SECONDS=28800``) to
   change one. A task past its limit fails and is retried per its policy (train resumes
@@ -92,10 +96,77 @@ def step_timeout(step: str) -> dt.timedelta:
     return given or dt.timedelta(seconds=STEP_TIMEOUTS[step])
 
 
-def task_resources(step: str) -> dict[str, Any]:
-    """The task arguments of a job step: its ``execution_timeout``, and the accelerator
-    pool for :data:`ACCELERATOR_STEPS`."""
-    args: dict[str, Any] = {"execution_timeout": step_timeout(step)}
+#: Environment variable naming the runner every DAG's job steps run on: ``local``
+#: (default), ``aws_batch`` or a registered runner's name.
+EXECUTION_MODE_ENV = "EMBEDFRESH_EXECUTION_MODE"
+#: The AWS Batch settings read from the environment, by field of
+#: :class:`~embedfresh.operators.runners.BatchSettings`: ``EMBEDFRESH_BATCH_<FIELD>`` for
+#: every step, ``EMBEDFRESH_BATCH_<STEP>_<FIELD>`` for one (``EMBEDFRESH_BATCH_TRAIN_JOB_QUEUE``).
+BATCH_FIELDS: dict[str, type] = {
+    "job_queue": str,
+    "job_definition": str,
+    "num_nodes": int,
+    "share_identifier": str,
+    "instance_type": str,
+}
+
+
+def step_runner(step: str, execution_mode: str | None = None) -> dict[str, Any]:
+    """Where a job step runs, one deployment setting for every DAG: ``{}`` for the local
+    runner (the default), else ``execution_mode`` and the runner's settings.
+
+    For ``aws_batch`` each :data:`BATCH_FIELDS` setting comes from
+    ``EMBEDFRESH_BATCH_<STEP>_<FIELD>``, else ``EMBEDFRESH_BATCH_<FIELD>``: train on a
+    trn1 multi-node queue (``EMBEDFRESH_BATCH_TRAIN_JOB_QUEUE``,
+    ``EMBEDFRESH_BATCH_TRAIN_NUM_NODES=2``), embed on an inf2 or CPU queue, the rest on
+    the default. Read when the DAG file is parsed.
+
+    :param execution_mode: this step's runner whatever the deployment's default (an AWS
+        Batch array job runs on ``aws_batch``); None: :data:`EXECUTION_MODE_ENV`.
+    :raises ValueError: ``aws_batch`` without a job queue or definition for the step, or
+        a setting that is not a number where one is needed, naming the variables.
+    """
+    mode = execution_mode or os.environ.get(EXECUTION_MODE_ENV, "").strip() or "local"
+    if mode == "local":
+        return {}
+    settings: dict[str, Any] = {}
+    for field, kind in BATCH_FIELDS.items():
+        names = (
+            f"EMBEDFRESH_BATCH_{step.upper()}_{field.upper()}",
+            f"EMBEDFRESH_BATCH_{field.upper()}",
+        )
+        var, raw = next(
+            ((n, os.environ[n]) for n in names if os.environ.get(n, "").strip()), (None, None)
+        )
+        if raw is None:
+            continue
+        try:
+            settings[field] = kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"{var} must be a {kind.__name__}, got {raw!r}") from None
+    if mode == "aws_batch":
+        missing = [f for f in ("job_queue", "job_definition") if f not in settings]
+        if missing:
+            wanted = " and ".join(f"EMBEDFRESH_BATCH_{f.upper()}" for f in missing)
+            raise ValueError(
+                f"{EXECUTION_MODE_ENV}=aws_batch needs {wanted} (or per step, "
+                f"EMBEDFRESH_BATCH_{step.upper()}_<...>) for the {step} step"
+            )
+    return (
+        {"execution_mode": mode, "runner_settings": settings}
+        if settings
+        else {"execution_mode": mode}
+    )
+
+
+def task_resources(step: str, execution_mode: str | None = None) -> dict[str, Any]:
+    """The task arguments of a job step: its ``execution_timeout``, the accelerator pool
+    for :data:`ACCELERATOR_STEPS`, and the runner the deployment names, or
+    ``execution_mode`` (:func:`step_runner`)."""
+    args: dict[str, Any] = {
+        "execution_timeout": step_timeout(step),
+        **step_runner(step, execution_mode),
+    }
     if step in ACCELERATOR_STEPS:
         args["pool"] = accelerator_pool()
     return args

@@ -54,6 +54,8 @@ for dag_id, dag in bag.dags.items():
                 "pool": t.pool,
                 "timeout_s": t.execution_timeout and t.execution_timeout.total_seconds(),
                 "job": getattr(getattr(t, "operator_class", type(t)), "job_name", None),
+                "mode": getattr(t, "partial_kwargs", vars(t)).get("execution_mode"),
+                "runner": getattr(t, "partial_kwargs", vars(t)).get("runner_settings"),
             }
             for t in dag.tasks
         },
@@ -134,6 +136,41 @@ def test_every_job_task_has_a_time_limit_and_device_steps_take_the_pool(tmp_path
     assert jobs[("embedding_model_refresh", "compile")]["timeout_s"] == 7200
     bad = parse_dags(tmp_path, {"EMBEDFRESH_TIMEOUT_GATE_SECONDS": "soon"}, allow_errors=True)
     assert any("EMBEDFRESH_TIMEOUT_GATE_SECONDS" in e for e in bad["import_errors"].values())
+
+
+def test_one_setting_puts_every_dags_job_steps_on_aws_batch_with_queues_per_step(
+    tmp_path: Path,
+):
+    """``EMBEDFRESH_EXECUTION_MODE=aws_batch``: every job task of every DAG runs on AWS
+    Batch, each step on its own queue where the deployment names one (train on a
+    multi-node queue), else the default; local (no setting) changes nothing."""
+    env = {
+        "EMBEDFRESH_EXECUTION_MODE": "aws_batch",
+        "EMBEDFRESH_BATCH_JOB_QUEUE": "cpu-queue",
+        "EMBEDFRESH_BATCH_JOB_DEFINITION": "embedfresh-cpu",
+        "EMBEDFRESH_BATCH_TRAIN_JOB_QUEUE": "trn1-queue",
+        "EMBEDFRESH_BATCH_TRAIN_JOB_DEFINITION": "embedfresh-neuron",
+        "EMBEDFRESH_BATCH_TRAIN_NUM_NODES": "2",
+        "EMBEDFRESH_BATCH_EMBED_JOB_QUEUE": "inf2-queue",
+    }
+    jobs = {
+        (dag_id, task_id): task
+        for dag_id, dag in parse_dags(tmp_path, env)["dags"].items()
+        for task_id, task in dag["tasks"].items()
+        if task["job"] is not None
+    }
+    assert {t["mode"] for t in jobs.values()} == {"aws_batch"}, jobs
+    runner = {k[1]: t["runner"] for k, t in jobs.items() if k[0] == "embedding_model_refresh"}
+    assert runner["train"] == {
+        "job_queue": "trn1-queue", "job_definition": "embedfresh-neuron", "num_nodes": 2
+    }  # fmt: skip
+    assert runner["embed"] == {"job_queue": "inf2-queue", "job_definition": "embedfresh-cpu"}
+    assert runner["gate"] == {"job_queue": "cpu-queue", "job_definition": "embedfresh-cpu"}
+    local = parse_dags(tmp_path)["dags"]["embedding_model_refresh"]["tasks"]
+    assert {local[t]["mode"] for t in ("train", "embed", "release")} <= {None, "local"}
+    missing = {**env, "EMBEDFRESH_BATCH_JOB_DEFINITION": ""}
+    errors = parse_dags(tmp_path, missing, allow_errors=True)["import_errors"]
+    assert errors and all("EMBEDFRESH_BATCH_JOB_DEFINITION" in e for e in errors.values()), errors
 
 
 def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
