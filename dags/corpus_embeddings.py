@@ -35,7 +35,6 @@ and a promotion, or with ``version`` set to a published model version).
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 from airflow.sdk import DAG, Param
 
@@ -49,14 +48,12 @@ from embedfresh.operators import (
 from embedfresh.operators.embed import BatchArrayEmbeddingOperator
 from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import COMMON_JOB_ARGS, DEFAULT_MODEL, common_params
-from embedfresh.operators.resources import task_resources
+from embedfresh.operators.resources import embed_fan_out, embed_max_children, task_resources
 
 VERSION = "{{ ti.xcom_pull(task_ids='resolve_version') }}"
 
 #: ``mapped`` (default) or ``array``: how the embed step fans out (module docstring).
-FAN_OUT = os.environ.get("EMBEDFRESH_EMBED_FAN_OUT", "mapped").strip() or "mapped"
-if FAN_OUT not in ("mapped", "array"):
-    raise ValueError(f"EMBEDFRESH_EMBED_FAN_OUT must be mapped or array, got {FAN_OUT!r}")
+FAN_OUT = embed_fan_out()
 
 
 #: The array fan-out runs on AWS Batch whatever the deployment's default runner.
@@ -72,7 +69,7 @@ if FAN_OUT == "mapped":
 else:
     FAN_OUT_PARAMS = {
         "max_children": Param(
-            int(os.environ.get("EMBEDFRESH_EMBED_MAX_CHILDREN", "1000")),
+            embed_max_children(),
             type="integer",
             minimum=1,
             maximum=10_000,

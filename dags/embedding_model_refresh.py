@@ -25,7 +25,9 @@ everything after it, and the run ends green with production and the live release
 untouched; the decision is on the Model quality page.
 
 Then the candidate, not yet live, is made ready to serve, for every corpus of the
-``corpora`` Param (default ``products``): ``embed`` (one mapped task per shard) and
+``corpora`` Param (default ``products``): ``embed`` (one mapped task per shard; with
+``EMBEDFRESH_EMBED_FAN_OUT=array``, one AWS Batch array job per corpus, as
+``corpus_embeddings``) and
 ``verify`` write its verified embedding set, ``load_index`` loads it into the release's
 own table of the vector index (pgvector; the embedded server by default), and
 ``search_check`` proves search on that table (faithful to the exact search, and no worse
@@ -69,6 +71,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
+    BatchArrayEmbeddingOperator,
     BatchEmbeddingOperator,
     CorporaOperator,
     CorpusShardsOperator,
@@ -93,7 +96,7 @@ from embedfresh.operators.params import (
     gate_metrics_param,
 )
 from embedfresh.operators.partition import TrainingPartitionSensor
-from embedfresh.operators.resources import task_resources
+from embedfresh.operators.resources import embed_fan_out, embed_max_children, task_resources
 
 CORPORA = "{{ params.corpora | tojson }}"
 # The candidate: the version the run's train job published (named after the run).
@@ -181,12 +184,25 @@ with DAG(
     corpora = CorporaOperator(
         task_id="corpora", artifact_root="{{ params.artifact_root }}", corpora=CORPORA
     )
-    list_shards = CorpusShardsOperator(
-        task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpora=corpora.output
-    )
-    embed = BatchEmbeddingOperator.partial(
-        task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=CANDIDATE
-    ).expand_kwargs(list_shards.output)
+    if embed_fan_out() == "mapped":  # one task per shard group (any runner)
+        list_shards = CorpusShardsOperator(
+            task_id="list_shards",
+            artifact_root="{{ params.artifact_root }}",
+            corpora=corpora.output,
+        )
+        embed = BatchEmbeddingOperator.partial(
+            task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=CANDIDATE
+        ).expand_kwargs(list_shards.output)
+        corpora >> list_shards >> embed
+    else:  # one AWS Batch array job per corpus
+        embed = BatchArrayEmbeddingOperator.partial(
+            task_id="embed",
+            **COMMON_JOB_ARGS,
+            **task_resources("embed", "aws_batch"),
+            version=CANDIDATE,
+            max_children=embed_max_children(),
+        ).expand(corpus=corpora.output)
+        corpora >> embed
     verify = EmbeddingVerifyOperator.partial(
         task_id="verify", **COMMON_JOB_ARGS, **task_resources("verify"), version=CANDIDATE
     ).expand(corpus=corpora.output)
@@ -219,10 +235,5 @@ with DAG(
         >> gate
         >> gate_passed
         >> corpora
-        >> list_shards
-        >> embed
-        >> verify
-        >> load_index
-        >> search_check
-        >> release
     )
+    embed >> verify >> load_index >> search_check >> release

@@ -159,6 +159,34 @@ def step_runner(step: str, execution_mode: str | None = None) -> dict[str, Any]:
     )
 
 
+#: Environment variable: how a corpus's embed step fans out (``mapped`` or ``array``).
+FAN_OUT_ENV = "EMBEDFRESH_EMBED_FAN_OUT"
+#: Environment variable: the most children of an embed array job.
+MAX_CHILDREN_ENV = "EMBEDFRESH_EMBED_MAX_CHILDREN"
+
+
+def embed_fan_out() -> str:
+    """How the DAGs' embed step fans out over a corpus's shards, a deployment setting
+    (:data:`FAN_OUT_ENV`, read when a DAG file is parsed: the graph differs): ``mapped``
+    (default; one task per shard group, any runner) or ``array`` (one AWS Batch array
+    job per corpus, ``BatchArrayEmbeddingOperator``, its children slices of the corpus).
+
+    :raises ValueError: another value, naming the variable.
+    """
+    fan_out = os.environ.get(FAN_OUT_ENV, "").strip() or "mapped"
+    if fan_out not in ("mapped", "array"):
+        raise ValueError(f"{FAN_OUT_ENV} must be mapped or array, got {fan_out!r}")
+    return fan_out
+
+
+def embed_max_children() -> int:
+    """The default most children of an embed array job (:data:`MAX_CHILDREN_ENV`, 1,000)."""
+    raw = os.environ.get(MAX_CHILDREN_ENV, "").strip() or "1000"
+    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise ValueError(f"{MAX_CHILDREN_ENV} must be a whole number 1-10000, got {raw!r}")
+    return int(raw)
+
+
 def task_resources(step: str, execution_mode: str | None = None) -> dict[str, Any]:
     """The task arguments of a job step: its ``execution_timeout``, the accelerator pool
     for :data:`ACCELERATOR_STEPS`, and the runner the deployment names, or

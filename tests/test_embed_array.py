@@ -500,6 +500,13 @@ def test_corpus_embeddings_as_one_array_job_task_when_so_deployed(tmp_path: Path
     assert modes["embed"] == modes["verify"] == ["aws_batch", batch]
     assert modes["resolve_version"][0] is None
     assert dag["params"]["max_children"] == 500 and "shards_per_task" not in dag["params"]
+    # The refresh fans its candidate's embed out the same way: one array job per corpus.
+    refresh = facts["dags"]["embedding_model_refresh"]["tasks"]
+    assert "list_shards" not in refresh
+    assert refresh["embed"]["upstream"] == ["corpora"] and refresh["verify"]["upstream"] == [
+        "corpora", "embed",
+    ]  # fmt: skip
+    assert refresh["embed"]["mode"] == "aws_batch" and refresh["embed"]["runner"] == batch
 
 
 def test_array_fan_out_without_a_queue_is_an_import_error_naming_it(tmp_path: Path):
