@@ -6,6 +6,10 @@ steps, then gates B's curve against A's two-sided at every common evaluation poi
 0.1% SLA). Anything but PASS fails the task without retry; the report and its plot are
 under ``runs/<model>/<run_id>/reports/gate.{json,svg}``.
 
+init_version -> side_a, side_b -> parity: the start version is resolved once, each side
+trains in a task of its own (on AWS Batch, on its backend's own job definition:
+``EMBEDFRESH_BATCH_PARITY_A_JOB_DEFINITION``...), and ``parity`` compares the curves.
+
 ``dropout`` defaults to 0: the backends draw dropout masks from different random
 generators, so with dropout the two sides are two different random trainings and the
 curves differ by more than the SLA even on one backend (docs/PARITY.md).
@@ -21,7 +25,7 @@ import datetime as dt
 
 from airflow.sdk import DAG, Param
 
-from embedfresh.operators import BackendParityOperator
+from embedfresh.operators import BackendParityOperator, ResolveModelVersionOperator
 from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
     DAY_ARG,
@@ -63,17 +67,34 @@ with DAG(
     tags=["embedfresh"],
     on_failure_callback=notifiers("run_failed"),
 ) as dag:
-    BackendParityOperator(
-        task_id="parity",
+    # Both sides start from one version, resolved once (production may move meanwhile).
+    init_version = ResolveModelVersionOperator(
+        task_id="init_version",
         artifact_root="{{ params.artifact_root }}",
         model="{{ params.model }}",
-        init_version="{{ params.init_version }}",
-        backend_a="{{ params.backend_a }}",
-        backend_b="{{ params.backend_b }}",
-        eval_every="{{ params.eval_every }}",
-        epochs="{{ params.epochs }}",
-        **DAY_ARG,
-        job_settings={"dropout": "{{ params.dropout }}"},
-        **task_resources("parity"),
-        retries=0,
+        version="{{ params.init_version }}",
     )
+    same = {
+        "artifact_root": "{{ params.artifact_root }}",
+        "model": "{{ params.model }}",
+        "init_version": "{{ ti.xcom_pull(task_ids='init_version') }}",
+        "backend_a": "{{ params.backend_a }}",
+        "backend_b": "{{ params.backend_b }}",
+        "eval_every": "{{ params.eval_every }}",
+        "epochs": "{{ params.epochs }}",
+        **DAY_ARG,
+        "job_settings": {"dropout": "{{ params.dropout }}"},
+        "retries": 0,
+    }
+    # One task per side, each on its own backend's machine (an AWS Batch job definition
+    # hosts one backend), then the comparison of the two curves.
+    sides = [
+        BackendParityOperator(
+            task_id=f"side_{side}", **same, step=side, **task_resources(f"parity_{side}")
+        )
+        for side in ("a", "b")
+    ]
+    compare = BackendParityOperator(
+        task_id="parity", **same, step="compare", **task_resources("parity_compare")
+    )
+    init_version >> sides >> compare

@@ -12,6 +12,7 @@ class BackendParityOperator(IncrementalTrainingOperator):
     """Trains ``init_version`` on ``backend_a`` and ``backend_b`` with identical
     hyperparameters and gates B's evaluation curve against A's in parity mode
     (``python -m embedfresh.jobs.parity``). Anything but PASS exits 3: the task fails without retry.
+    Give the sides' tasks one ``init_version`` (resolved once, not each from production).
 
     Takes the training operator's arguments (data interval, epochs, ...); ``backend`` is
     unused.
@@ -21,6 +22,9 @@ class BackendParityOperator(IncrementalTrainingOperator):
     :param backend_a: reference backend (templated).
     :param backend_b: candidate backend (templated).
     :param eval_every: optimizer steps between evaluations, the curve's points (templated).
+    :param step: ``all`` (both sides, then the gate, in one job), ``a`` or ``b`` (one
+        side: a task, or an AWS Batch job, on that backend's machine), ``compare`` (the
+        gate, once both sides trained: ``dags/accelerator_parity.py``).
     """
 
     job_name = "parity"
@@ -39,9 +43,13 @@ class BackendParityOperator(IncrementalTrainingOperator):
         backend_a: str = "cpu",
         backend_b: str = "xla",
         eval_every: int | str = 50,
+        step: str = "all",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if step not in ("all", "a", "b", "compare"):
+            raise ValueError(f"step is all, a, b or compare, got {step!r}")
+        self.step = step
         self.init_version = init_version
         self.backend_a = backend_a
         self.backend_b = backend_b
@@ -59,4 +67,5 @@ class BackendParityOperator(IncrementalTrainingOperator):
             "backend_a": self.backend_a,
             "backend_b": self.backend_b,
             "eval_every": self.eval_every,
+            "step": self.step,
         }

@@ -35,7 +35,7 @@ POOL_ENV = "EMBEDFRESH_ACCELERATOR_POOL"
 DEFAULT_POOL = "embedfresh_accelerator"
 DEFAULT_POOL_SLOTS = 1
 #: Steps that hold the worker's accelerator while they run.
-ACCELERATOR_STEPS = frozenset({"health", "compile", "train", "parity"})
+ACCELERATOR_STEPS = frozenset({"health", "compile", "train", "parity", "parity_a", "parity_b"})
 
 _H = 3600
 #: Default time limits in seconds, by step: a bound on a stuck task, well inside the
@@ -45,6 +45,9 @@ STEP_TIMEOUTS: dict[str, int] = {
     "compile": 2 * _H,
     "train": 6 * _H,
     "parity": 6 * _H,
+    "parity_a": 6 * _H,
+    "parity_b": 6 * _H,
+    "parity_compare": 2 * _H,
     "evaluate": 2 * _H,
     "gate": 2 * _H,
     "embed": 6 * _H,

@@ -118,7 +118,7 @@ def test_dags_parse_without_errors_cycles_or_heavy_imports(tmp_path: Path):
 
 def test_every_job_task_has_a_time_limit_and_device_steps_take_the_pool(tmp_path: Path):
     """Every job task of every DAG has an ``execution_timeout`` from the per-step setting,
-    and the steps that hold an accelerator (health, compile, train, parity) take the
+    and the steps that hold an accelerator (health, compile, train, a parity side) take the
     accelerator pool, so two DAGs never share a device; a setting changes one step."""
     facts = parse_dags(tmp_path, {"EMBEDFRESH_TIMEOUT_TRAIN_SECONDS": "123"})
     jobs = {
@@ -129,7 +129,10 @@ def test_every_job_task_has_a_time_limit_and_device_steps_take_the_pool(tmp_path
     }
     assert len(jobs) >= 20, sorted(jobs)
     assert not [k for k, t in jobs.items() if not t["timeout_s"]], "job tasks without a limit"
-    device = {k for k, t in jobs.items() if t["job"] in {"health", "compile", "train", "parity"}}
+    device = {k for k, t in jobs.items() if t["job"] in {"health", "compile", "train"}} | {
+        ("accelerator_parity", "side_a"),
+        ("accelerator_parity", "side_b"),
+    }
     assert {t["pool"] for k, t in jobs.items() if k in device} == {"embedfresh_accelerator"}
     assert {t["pool"] for k, t in jobs.items() if k not in device} == {"default_pool"}
     assert jobs[("embedding_model_refresh", "train")]["timeout_s"] == 123
@@ -305,10 +308,16 @@ def test_overrides_release_with_embeddings_and_roll_back_to_releases(tmp_path: P
     assert gc["params"]["grace_hours"] == 24 and gc["params"]["dry_run"] is False
 
 
-def test_accelerator_parity_is_one_task_without_retries(tmp_path: Path):
+def test_accelerator_parity_is_a_task_per_side_then_the_comparison(tmp_path: Path):
     dag = parse_dags(tmp_path)["dags"]["accelerator_parity"]
     parity = dag["tasks"]["parity"]
-    assert list(dag["tasks"]) == ["parity"] and parity["retries"] == 0
+    assert {k: v["upstream"] for k, v in dag["tasks"].items()} == {
+        "init_version": [],
+        "side_a": ["init_version"],
+        "side_b": ["init_version"],
+        "parity": ["side_a", "side_b"],
+    }
+    assert {t["retries"] for t in dag["tasks"].values() if t["job"]} == {0}
     assert {"init_version", "backend_a", "backend_b", "eval_every", "epochs"} <= set(
         parity["template_fields"]
     )

@@ -89,6 +89,25 @@ def test_same_backend_twice_is_exact_parity(root, start):
     assert "tolerance-band" in svg and svg.count('class="point"') == 2
 
 
+def test_sides_in_jobs_of_their_own_then_the_comparison(root, start):
+    """step=a and step=b train one side each (a machine per backend, as the DAG runs
+    them); compare gates them as the one-job form does; compare before a side is there,
+    or over a side from another start version, is refused before any write."""
+    early = parity(root, "split", "cpu", "step=compare")
+    assert early.returncode == 2 and "run the parity job with step=a first" in early.stderr
+    for side in ("a", "b"):
+        done = parity(root, "split", "cpu", f"step={side}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        assert summary["side"] == side and summary["run_id"] == f"split-cpu-{side}"
+    compared = parity(root, "split", "cpu", "step=compare")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    gate = report(root, "split", "gate")
+    assert gate["verdict"] == "PASS" and gate["max_abs_d"] == 0.0 and gate["steps"] == [2, 4]
+    other = parity(root, "split", "cpu", "step=compare", "init_version=other-start")
+    assert other.returncode == 2 and "trained from version baseline" in other.stderr
+
+
 def test_cpu_vs_xla_parity_reports_max_abs_d_and_a_verdict(root, start):
     result = parity(root, "cx", "xla")
     assert result.returncode in (0, 3), result.stderr[-3000:]

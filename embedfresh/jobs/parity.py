@@ -9,6 +9,10 @@ point) and writes ``runs/{model}/{run_id}/reports/gate.json`` with the verdict, 
 point, the largest |d| (step and metric), and ``gate.svg`` (max |d| per step against the
 tolerance band). Anything but PASS exits with code 3, like the gate job.
 
+``step`` splits it for machines of one backend each (AWS Batch job definitions): ``a``
+and ``b`` train one side, ``compare`` gates the two curves once both are there
+(``dags/accelerator_parity.py`` runs it so); ``all`` (default) does the three in turn.
+
 Each side is a separate process because torch-xla, once imported, changes process-wide
 state, and so that a side can be resumed (its run id) after a failure.
 """
@@ -69,14 +73,32 @@ def run_train(cfg: TrainConfig, timeout: float) -> dict[str, Any]:
 
 
 def parity(cfg: ParityConfig) -> dict[str, Any]:
-    """Train on both backends from the same version and gate the two curves."""
+    """Train on both backends from the same version and gate the two curves (``step``:
+    both sides and the gate, one side, or the gate of two sides trained before)."""
     started = time.perf_counter()
     store = ArtifactStore(cfg.artifact_root)
+    if cfg.step in ("a", "b"):
+        tcfg = cfg.train_config(cfg.step)
+        summary = run_train(tcfg, cfg.timeout_seconds)
+        return {"side": cfg.step, "backend": tcfg.backend, "run_id": tcfg.run_id, **summary}
     sides: dict[str, dict[str, Any]] = {}
     for side in ("a", "b"):
         tcfg = cfg.train_config(side)
-        summary = run_train(tcfg, cfg.timeout_seconds)
-        train_report = store.read_json(layout.report(cfg.model, tcfg.run_id, "train"))
+        summary = run_train(tcfg, cfg.timeout_seconds) if cfg.step == "all" else None
+        rel = layout.report(cfg.model, tcfg.run_id, "train")
+        if not store.exists(rel):
+            raise BadInputError(
+                f"side {side} ({tcfg.backend}) has no training report {store.url(rel)}: run "
+                f"the parity job with step={side} first"
+            )
+        train_report = store.read_json(rel)
+        started_from = (train_report.get("init") or {}).get("version")
+        if cfg.step == "compare" and started_from != cfg.init_version:
+            raise BadInputError(
+                f"side {side} ({tcfg.run_id}) trained from version {started_from}, not "
+                f"{cfg.init_version}: both sides must start from the same version; run "
+                f"step={side} again"
+            )
         sides[side] = {"cfg": tcfg, "summary": summary, "report": train_report}
 
     steps_a = {p["step"] for p in sides["a"]["report"].get("eval_curve", [])}

@@ -213,6 +213,10 @@ class ParityConfig(TrainConfig):
     """Seed of the paired bootstrap (``seed`` is the training seed)."""
     timeout_seconds: float = Field(default=3600, gt=0)
     """Limit of each training subprocess."""
+    step: Literal["all", "a", "b", "compare"] = "all"
+    """``all``: train both sides, then compare (one process, both backends on its
+    machine); ``a`` or ``b``: train that side only (a task, or an AWS Batch job, on that
+    backend's own machine); ``compare``: gate the two sides' curves, once both trained."""
 
     @model_validator(mode="after")
     def _parity(self) -> ParityConfig:
