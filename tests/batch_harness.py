@@ -93,14 +93,23 @@ ListJobs show it:
   ``AWS_BATCH_JOB_NUM_NODES``, ``AWS_BATCH_JOB_MAIN_NODE_INDEX``, and on every node but
   the main one ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS=127.0.0.1``; each node its
   own log stream. The job ends when its main node's process does (the other nodes are
-  then killed: their records show 137); retries repeat the whole job. DescribeJobs on
-  ``<id>#<node>`` gives a node (``nodeDetails``, its ``container`` with command,
-  environment, ``exitCode``); the job's own attempts carry no exit code (its main
-  node's record does), and its ``nodeProperties.numNodes`` is the submitted one.
+  then killed: their records show 137); retries repeat the whole job. As AWS documents
+  (docs.aws.amazon.com/batch/latest/userguide/multi-node-parallel-jobs.html), each node
+  is a job of its own: DescribeJobs on ``<id>#<node>`` gives it (``nodeDetails``, its
+  own ``attempts``, its ``container`` with command, environment, ``logStreamName``,
+  ``exitCode``); the job's own record has ``nodeProperties`` (``numNodes`` the
+  submitted one) and no ``container``: no log stream, no exit code (its main node's
+  record has them), and its attempts only their times and ``statusReason``.
   ``multinode=False`` leaves them to moto (ended at submit, nothing run).
 
 EKS definitions are not run: moto's own behaviour stays. ``dependsOn`` is refused
 (ClientException) rather than ignored.
+
+Every Batch and CloudWatch Logs answer (moto's, the executor's, and the records
+``wait``/``wait_for`` return) is checked against botocore's model of the operation's
+output, as ``botocore.stub.Stubber`` checks a response (:func:`validate_response`); one
+that is refused raises :class:`InvalidAwsResponse` there and again at the fixture's
+teardown (:data:`refused_responses`).
 
 Faults (:meth:`BatchExecutor.fail`), registered before or while the job runs::
 
@@ -137,6 +146,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import fnmatch
+import functools
 import json
 import os
 import signal
@@ -233,6 +243,122 @@ def _create_batch_resources(session_kwargs: dict[str, Any], role_name: str) -> A
     return client
 
 
+# --- AWS's own shapes -------------------------------------------------------------------
+
+#: The services whose every answer is checked against botocore's model of AWS.
+VALIDATED_SERVICES = ("batch", "logs")
+
+
+class InvalidAwsResponse(AssertionError):
+    """A response that botocore's model of the operation's output refuses."""
+
+
+#: The answers refused during the current test (a test that plants one clears it).
+refused_responses: list[InvalidAwsResponse] = []
+
+
+@functools.cache
+def _service_model(service: str) -> Any:
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model(service)
+
+
+def validate_response(service: str, operation: str, response: dict[str, Any]) -> None:
+    """Check ``response`` against botocore's output shape of ``service``'s ``operation``,
+    as ``botocore.stub.Stubber.add_response`` does; raise :class:`InvalidAwsResponse`."""
+    from botocore.validate import ParamValidator
+
+    model = _service_model(service)
+    # moto names a REST operation (Batch's) in lower case: "describejobs"
+    names = {name.lower(): name for name in model.operation_names}
+    shape = model.operation_model(names[operation.lower()]).output_shape
+    if shape is None:
+        if response:
+            raise InvalidAwsResponse(f"{service} {operation} returns nothing, got {response!r}")
+        return
+    report = ParamValidator().validate(response, shape)
+    report._errors = [e for e in report._errors if not _not_started_yet(e)]
+    if report.has_errors():
+        raise InvalidAwsResponse(
+            f"{service} {operation} response is not in AWS's shape:\n{report.generate_report()}"
+            + f"\nin {json.dumps(response)[:2000]}"
+        )
+
+
+def _not_started_yet(error: tuple[str, str, dict[str, Any]]) -> bool:
+    """botocore's model marks ``JobDetail.startedAt`` required, but AWS leaves it out of a
+    job that has not started, or ended without starting (measured in getmoto/moto#2202;
+    amazonka made it optional, brendanhay/amazonka#561): that one disagreement passes."""
+    kind, _, details = error
+    if kind != "missing required field" or details.get("required_name") != "startedAt":
+        return False
+    job = details.get("user_params") or {}
+    ran = any(a.get("startedAt") for a in job.get("attempts") or [])
+    status = job.get("status")
+    return status in (*NOT_STARTED, "STARTING") or (status in ENDED and not ran)
+
+
+def _validate_moto_responses(monkeypatch: pytest.MonkeyPatch) -> list[InvalidAwsResponse]:
+    """Check every successful Batch and CloudWatch Logs answer moto gives (in process or
+    over HTTP; the executor's own answers included) against botocore's model, as it is
+    returned. The list holds what was refused, for the fixture's teardown: the product
+    might have swallowed the error a refused answer became."""
+    from moto.batch.models import Job
+    from moto.core.responses import BaseResponse
+
+    refused = refused_responses
+    refused.clear()
+    original = BaseResponse.call_action
+
+    def call_action(self: Any) -> Any:
+        status, headers, body = original(self)
+        if self.boto3_service_name in VALIDATED_SERVICES and 200 <= int(status) < 300:
+            try:
+                response = json.loads(body) if body else {}
+                validate_response(self.boto3_service_name, self._get_action(), response)
+            except InvalidAwsResponse as e:
+                refused.append(e)
+                raise
+        return status, headers, body
+
+    monkeypatch.setattr(BaseResponse, "call_action", call_action)
+    monkeypatch.setattr(Job, "describe", _with_resource_requirements(Job.describe))
+    return refused
+
+
+def _with_resource_requirements(describe: Any) -> Any:
+    """Moto's DescribeJobs record of a container gives ``vcpus`` as a float (botocore's
+    model: an integer) derived from ``resourceRequirements``, which it leaves out; AWS
+    answers the container's ``resourceRequirements`` (vcpus/memory are deprecated)."""
+
+    def described(job: Any) -> dict[str, Any]:
+        result = describe(job)
+        container = result.get("container")
+        if not container:
+            return result
+        base = job.job_definition.container_properties or {}
+        if getattr(job, "node_index", None) is not None:
+            base, overrides = _container_spec(job)
+        else:
+            overrides = job.container_overrides or {}
+        wanted = overrides.get("resourceRequirements") or base.get("resourceRequirements")
+        if wanted:
+            container["resourceRequirements"] = copy.deepcopy(wanted)
+        for key in ("vcpus", "memory"):
+            value = container.pop(key, None)
+            if value is not None and not wanted:
+                container[key] = int(value)
+        return result
+
+    return described
+
+
+def _no_refused(refused: list[InvalidAwsResponse]) -> None:
+    if refused:
+        raise InvalidAwsResponse(f"{len(refused)} response(s) not in AWS's shape") from refused[0]
+
+
 def moto_batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Moto's Batch in process with the queue, both job definitions and the log group.
 
@@ -242,8 +368,10 @@ def moto_batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from moto import mock_aws
 
     _aws_env(monkeypatch)
+    refused = _validate_moto_responses(monkeypatch)
     with mock_aws(config={"batch": {"use_docker": False}}):
         yield _create_batch_resources({"region_name": REGION}, "embedfresh-batch")
+    _no_refused(refused)
 
 
 @dataclass(frozen=True)
@@ -274,6 +402,7 @@ def moto_batch_server(
     from moto.server import ThreadedMotoServer
 
     _aws_env(monkeypatch)
+    refused = _validate_moto_responses(monkeypatch)
     monkeypatch.setitem(default_user_config, "batch", {"use_docker": False})
     server = None
     if endpoint_url is None:
@@ -295,6 +424,7 @@ def moto_batch_server(
             logs_backends.reset()
             if server is not None:
                 server.stop()
+    _no_refused(refused)
 
 
 def settings(**overrides: Any) -> dict[str, Any]:
@@ -489,9 +619,13 @@ def _job_class() -> type:
                     for key in ("exitCode", "reason"):
                         if key in last:
                             container[key] = last[key]
-                if self.nodes:
+                if self.nodes:  # AWS: the nodes run the containers, the job has none
                     properties = copy.deepcopy(self.job_definition.node_properties)
                     result["nodeProperties"] = {**properties, "numNodes": self.num_nodes}
+                    result.pop("container", None)
+                    result["attempts"] = [
+                        {k: v for k, v in a.items() if k != "container"} for a in result["attempts"]
+                    ]
                 if self.node_index is not None:
                     result.pop("nodeProperties", None)
                     container["command"] = self.executor._command(self)
@@ -659,7 +793,9 @@ class BatchExecutor:
             while True:
                 job = self.jobs.get(job_id)
                 if job is not None and job.status in statuses:
-                    return job.describe()
+                    record = job.describe()
+                    validate_response("batch", "DescribeJobs", {"jobs": [record]})
+                    return record
                 left = deadline - time.monotonic()
                 if left <= 0:
                     seen = None if job is None else job.status

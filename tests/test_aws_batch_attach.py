@@ -248,3 +248,64 @@ def test_an_array_job_reports_its_children_by_state_and_copies_their_logs_on_req
     assert said == ["child says 0", "child says 1", "child says 2"]
     assert any("] bad slice" in m for m in records)
     assert len(result.cost["attempts"]) == 3 and result.cost["children"] == 3
+
+
+def test_every_nodes_log_reaches_the_task_log_prefixed_while_running_and_after(
+    batch, executor, tmp_path
+):
+    """A 2-node job: each node is a Batch job of its own (``<id>#<n>``) with its own log
+    stream, and the runner follows both into the task log, ``[node n]`` first."""
+    import threading
+    import time
+
+    from embedfresh.operators import AwsBatchRunner, BatchSettings, JobSpec
+    from tests.batch_harness import MULTI, QUEUE, REGION
+
+    release = tmp_path / "release"
+    fake_python = tmp_path / "python"
+    # Each node says hello, holds until the test releases it, says bye; the main node
+    # (0) ends the job, so it waits for node 1's bye first.
+    fake_python.write_text(
+        "#!/bin/sh\n"
+        'i=$AWS_BATCH_JOB_NODE_INDEX; echo "hello from $i"\n'
+        f"while [ ! -e {release} ]; do sleep 0.05; done\n"
+        'echo "bye from $i"; touch "$0.$i"\n'
+        '[ "$i" = 0 ] && while [ ! -e "$0.1" ]; do sleep 0.05; done\n'
+        "exit 0\n"
+    )
+    fake_python.chmod(0o755)
+    runner = AwsBatchRunner(
+        BatchSettings(
+            job_definition=MULTI, job_queue=QUEUE, num_nodes=2, python=str(fake_python),
+            aws_conn_id=None, region_name=REGION, poll_interval=0.1,
+        )
+    )  # fmt: skip
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("test-mnp-task-log")
+    log.setLevel(logging.INFO)
+    log.addHandler(Collect())
+    results: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: results.append(runner.run(JobSpec("train", nproc_per_node=1), log))
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        want = {"[node 0] hello from 0", "[node 1] hello from 1"}
+        while not want <= set(lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert want <= set(lines), lines  # while the job runs
+        assert executor.status(runner.job_id) == "RUNNING"
+    finally:
+        release.touch()
+        thread.join(timeout=60)
+    [result] = results
+    assert result.exit_code == 0
+    assert {"[node 0] bye from 0", "[node 1] bye from 1"} <= set(lines)  # and after
+    node_lines = [line for line in lines if line.startswith("[node ")]
+    assert len(node_lines) == len(set(node_lines)) == 4  # each line once

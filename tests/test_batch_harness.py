@@ -30,13 +30,16 @@ from tests.batch_harness import (
     SINGLE,
     BatchExecutor,
     BatchServer,
+    InvalidAwsResponse,
     LocalBatchExecutor,
     describe,
     log_lines,
     moto_batch,
     moto_batch_server,
+    refused_responses,
     retry_action,
     run_batch_executor,
+    validate_response,
 )
 
 RETRY = {"attempts": 3, "evaluateOnExit": [dict(rule) for rule in EVALUATE_ON_EXIT]}
@@ -550,13 +553,20 @@ def test_a_multi_node_job_runs_a_process_per_node_and_ends_with_its_main_node(
     job = executor.wait(job_id, timeout=20)
     # The main node exited 3 after 0.5 s: the job ended then, the other nodes stopped.
     assert job["status"] == "FAILED" and job["nodeProperties"]["numNodes"] == 3
+    # As AWS: the job runs no container of its own (no log stream, no exit code); its
+    # nodes are jobs of their own, each with its attempts and log stream.
+    assert "container" not in job and "nodeDetails" not in job
     [attempt] = job["attempts"]
-    assert "exitCode" not in attempt["container"]  # the main node's record has it
+    assert "container" not in attempt
     assert attempt["stoppedAt"] - attempt["startedAt"] < 10_000
     nodes = [describe(batch, f"{job_id}#{i}") for i in range(3)]
     assert [n["nodeDetails"] for n in nodes] == [
         {"nodeIndex": i, "isMainNode": i == 0} for i in range(3)
     ]
+    for node in nodes:
+        [node_attempt] = node["attempts"]
+        assert node_attempt["container"]["logStreamName"] == node["container"]["logStreamName"]
+    assert len({n["container"]["logStreamName"] for n in nodes}) == 3
     assert nodes[0]["container"]["exitCode"] == 3 and nodes[0]["status"] == "FAILED"
     assert [n["container"]["exitCode"] for n in nodes[1:]] == [137, 137]  # stopped
     for i, node in enumerate(nodes):
@@ -601,3 +611,42 @@ def test_the_runners_multi_node_launcher_runs_on_every_node(batch, executor, tmp
         ]  # fmt: skip
         master = argv[argv.index("--master_addr") + 1]
         assert master == "127.0.0.1" if i else master  # node 0: its own address
+
+
+# --- AWS's shapes -----------------------------------------------------------------------
+
+
+def test_a_field_of_the_wrong_type_fails_botocores_validation():
+    record = {
+        "jobId": "j", "jobName": "n", "jobQueue": "q", "jobDefinition": "d",
+        "status": "RUNNING", "startedAt": 1_700_000_000_000,
+    }  # fmt: skip
+    validate_response("batch", "DescribeJobs", {"jobs": [record]})
+    with pytest.raises(InvalidAwsResponse, match="startedAt"):
+        validate_response("batch", "DescribeJobs", {"jobs": [{**record, "startedAt": "today"}]})
+    with pytest.raises(InvalidAwsResponse, match="attempts"):
+        validate_response("batch", "DescribeJobs", {"jobs": [{**record, "attempts": {}}]})
+    with pytest.raises(InvalidAwsResponse, match="nextForwardToken"):
+        validate_response("logs", "GetLogEvents", {"events": [], "nextForwardToken": 3})
+    # botocore marks startedAt required; AWS leaves it out until the job starts.
+    validate_response("batch", "DescribeJobs", {"jobs": [{**record, "status": "RUNNABLE"}]})
+    with pytest.raises(InvalidAwsResponse, match="startedAt"):
+        validate_response("batch", "DescribeJobs", {"jobs": [{**record, "startedAt": None}]})
+
+
+def test_a_wrong_type_planted_in_a_record_is_refused_as_the_harness_answers(batch, executor):
+    job_id = submit(batch, "planted", "sleep 30")
+    executor.wait_for(job_id, "RUNNING")
+    assert describe(batch, job_id)["status"] == "RUNNING"  # the real record passes
+    job = executor.jobs[job_id]
+    with executor.lock:
+        started, job.started_ms = job.started_ms, "2026-11-28T10:00:00Z"  # not epoch ms
+    with pytest.raises(Exception, match="startedAt"):
+        describe(batch, job_id)  # moto answers, and the harness refuses it
+    with pytest.raises(InvalidAwsResponse, match="startedAt"):
+        executor.wait_for(job_id, "RUNNING")
+    assert refused_responses and "startedAt" in str(refused_responses[0])
+    with executor.lock:
+        job.started_ms = started
+    refused_responses.clear()  # planted: the fixture's teardown would fail the test
+    batch.terminate_job(jobId=job_id, reason="planted")

@@ -55,6 +55,8 @@ _JOB_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 LIVE_STATES = frozenset({"SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING"})
 #: Batch's own names for a job's end.
 END_STATES = frozenset({"SUCCEEDED", "FAILED"})
+#: Not yet placed: a multi-node job's nodes have no log stream to read.
+_QUEUED = frozenset({"SUBMITTED", "PENDING", "RUNNABLE"})
 
 #: The task state store key (``context["task_state_store"]``, one per task instance,
 #: kept across tries) under which the runner records the job it submitted.
@@ -495,10 +497,12 @@ class AwsBatchRunner:
         copier = LogCopier(self.logs_hook, self.settings.log_group, log)
         for _ in range(self.settings.max_polls):
             [job] = self._describe([job_id]) or [{}]
-            copier.copy(log_streams(job))
+            self._copy_logs(copier, job)
             if job.get("status") in END_STATES:
                 return
-            time.sleep(self.settings.poll_interval)
+            # The provider's jitter (+/- a fifth): many tasks do not poll Batch in step.
+            interval = self.settings.poll_interval
+            time.sleep(self.hook.add_jitter(interval, width=interval / 5))
         raise AirflowException(
             f"AWS Batch job {job_id} has not finished after {self.settings.max_polls} polls "
             f"{self.settings.poll_interval} s apart; the task's retry attaches to it again"
@@ -538,8 +542,27 @@ class AwsBatchRunner:
         if event.get("status") != "success":
             log.warning("AWS Batch trigger for job %s ended: %s", job_id, event.get("message"))
         [job] = self._describe([job_id]) or [{}]
-        LogCopier(self.logs_hook, self.settings.log_group, log).copy(log_streams(job))
+        self._copy_logs(LogCopier(self.logs_hook, self.settings.log_group, log), job)
         return self._finished(job_id, log)
+
+    def _copy_logs(self, copier: LogCopier, job: Mapping[str, Any]) -> None:
+        """Copy what is new in the job's log streams; a multi-node job's are its nodes'.
+
+        On AWS each node of a multi-node parallel job is a job of its own, ``<jobId>#<n>``,
+        with its own attempts and log streams; the job's own record names none. Every
+        node is described (one DescribeJobs call) and its lines copied as ``[node n]``.
+        """
+        copier.copy(log_streams(job))
+        for node in self._nodes(job):
+            index = (node.get("nodeDetails") or {}).get("nodeIndex")
+            copier.copy(log_streams(node), label=f"node {index}")
+
+    def _nodes(self, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A multi-node job's node records, by index, once it left the queue; else ``[]``."""
+        num_nodes = (job.get("nodeProperties") or {}).get("numNodes")
+        if not num_nodes or "nodeDetails" in job or job.get("status") in _QUEUED:
+            return []
+        return self._describe(f"{job['jobId']}#{i}" for i in range(int(num_nodes)))
 
     def _finished(self, job_id: str, log: logging.Logger) -> JobResult:
         from airflow.sdk.exceptions import AirflowException
@@ -624,14 +647,17 @@ class LogCopier:
         self.tokens: dict[str, Any] = {}
         self.lines = 0
 
-    def copy(self, streams: Iterable[str]) -> None:
+    def copy(self, streams: Iterable[str], label: str | None = None) -> None:
+        """Log each new line of ``streams`` as ``[label] line`` (default: the stream's
+        task id)."""
         from airflow.providers.amazon.aws.hooks.logs import AwsLogsHook
 
         for stream in streams:
             token = self.tokens.setdefault(stream, AwsLogsHook.ContinuationToken())
+            prefix = label or stream.rsplit("/", 1)[-1]
             try:
                 for event in self.hook.get_log_events(self.group, stream, continuation_token=token):
-                    self.log.info("[%s] %s", stream.rsplit("/", 1)[-1], event["message"])
+                    self.log.info("[%s] %s", prefix, event["message"])
                     self.lines += 1
             except self.hook.conn.exceptions.ResourceNotFoundException:
                 continue  # not created yet: the container has not started
