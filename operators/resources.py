@@ -57,7 +57,6 @@ STEP_TIMEOUTS: dict[str, int] = {
     "release": 30 * 60,
     "rollback": 30 * 60,
     "garbage_collect": 1 * _H,
-    "wait_for_partition": 6 * _H,
 }
 
 

