@@ -564,6 +564,13 @@ class EmbeddingVerifyOperator(_EmbedJobOperator):
         kwargs.setdefault("outlets", [AssetAlias(EMBEDDING_SETS_ALIAS)])
         super().__init__(**kwargs)
 
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """As :meth:`__init__`, the alias is an outlet of the mapped task too: Airflow reads
+        a mapped task's outlets from ``partial``, never from the unmapped task."""
+        kwargs.setdefault("outlets", [AssetAlias(EMBEDDING_SETS_ALIAS)])
+        return super().partial(**kwargs)
+
     def execute(self, context: Any) -> dict[str, Any]:
         return self.announce(context, super().execute(context))
 

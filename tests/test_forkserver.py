@@ -47,8 +47,11 @@ class Lines(logging.Handler):
 @pytest.fixture
 def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The job's environment, with a variable of this test's own (so its servers are its
-    own); the test job's module is forkable; every server of the test ended after it."""
+    own); the test job's module is forkable; every server of the test ended after it.
+    A server may take its time to start (it imports torch; CI's box is busy): these tests
+    are about what a forked job is, not how fast a server listens."""
     monkeypatch.setattr(forkserver, "FORKABLE", ("embedfresh.jobs.", "tests.forkserver_job"))
+    monkeypatch.setattr(forkserver, "START_TIMEOUT_S", 600.0)
     env = job_env({"FORK_TEST_KEY": secrets.token_hex(8)})
     env.pop(forkserver.ENV_SWITCH, None)
     yield env
