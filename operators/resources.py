@@ -110,6 +110,7 @@ BATCH_FIELDS: dict[str, type] = {
     "num_nodes": int,
     "share_identifier": str,
     "instance_type": str,
+    "poll_interval": float,
 }
 
 

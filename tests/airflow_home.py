@@ -175,6 +175,7 @@ def run_facts(run, xcom_tasks=()):
                     XComModel.task_id == task_id,
                     XComModel.key == "return_value",
                 )
+                .order_by(XComModel.map_index)  # a mapped task's: its first map index's
             ).first()
             xcoms[task_id] = None if row is None else XComModel.deserialize_value(row)
         events = session.execute(
