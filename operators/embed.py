@@ -24,7 +24,11 @@ from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from embedfresh.core.settings import default_artifact_root
-from embedfresh.operators.assets import EMBEDDING_SETS_ALIAS, embedding_set_asset
+from embedfresh.operators.assets import (
+    EMBEDDING_SETS_ALIAS,
+    AnnouncesWhenDone,
+    embedding_set_asset,
+)
 from embedfresh.operators.base import (
     DEFAULT_AWS_CONN_ID,
     EmbedfreshJobOperator,
@@ -544,7 +548,7 @@ def _reused(planned: dict, children: list[dict], key: str) -> int:
     return int(planned.get(key, 0)) + sum(int(c.get(key, 0)) for c in children)
 
 
-class EmbeddingVerifyOperator(_EmbedJobOperator):
+class EmbeddingVerifyOperator(AnnouncesWhenDone, _EmbedJobOperator):
     """Verifies a corpus's embeddings and writes their manifest (``python -m embedfresh.jobs.embed_verify``).
 
     Announces the embedding set it verified, ``embedfresh://embedding-sets/<model>/<version>/<corpus>``
@@ -570,17 +574,6 @@ class EmbeddingVerifyOperator(_EmbedJobOperator):
         a mapped task's outlets from ``partial``, never from the unmapped task."""
         kwargs.setdefault("outlets", [AssetAlias(EMBEDDING_SETS_ALIAS)])
         return super().partial(**kwargs)
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        return self.announce(context, super().execute(context))
-
-    def execute_complete(
-        self,
-        context: Any,
-        event: dict[str, Any] | None = None,
-        result: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        return self.announce(context, super().execute_complete(context, event, result))
 
     def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         """Add the verified set's Asset event to the alias (its name is known only now)."""

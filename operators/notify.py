@@ -52,6 +52,7 @@ without Airflow running.
 
 from __future__ import annotations
 
+import abc
 import datetime as dt
 import html
 import logging
@@ -761,9 +762,10 @@ def _failed_tasks(context: Mapping[str, Any], dag_id: str, run_id: str) -> tuple
 # -- the notifiers ------------------------------------------------------------------------
 
 
-class EmbedfreshNotifier(BaseNotifier):
+class EmbedfreshNotifier(BaseNotifier, abc.ABC):
     """A notifier of one event (:data:`EVENTS`) on one channel: builds the message from
-    the callback's context, sends nothing when there is nothing to tell (a gate PASS)."""
+    the callback's context, sends nothing when there is nothing to tell (a gate PASS).
+    A channel implements :meth:`send`."""
 
     channel = "none"
 
@@ -785,9 +787,9 @@ class EmbedfreshNotifier(BaseNotifier):
         self.send(message, context)
         self.log.info("%s notification sent by %s: %s", self.event, self.channel, message.subject)
 
+    @abc.abstractmethod
     def send(self, message: Message, context: Any = None) -> None:
         """Send ``message`` (raises when the channel refuses it)."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.event!r})"

@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     MODEL_PROMOTIONS_ALIAS,
+    AnnouncesWhenDone,
     embeddings_asset,
     is_templated,
     model_asset,
@@ -150,7 +151,7 @@ class SearchCheckOperator(_CorpusOperator):
         return settings
 
 
-class _AnnouncesRelease(VectorIndexOperator):
+class _AnnouncesRelease(AnnouncesWhenDone, VectorIndexOperator):
     """Announces the release now live: the model's Asset, and every corpus's embeddings
     Asset (through the alias ``embedfresh-embedding-publications``; the corpora are known
     when the job is done)."""
@@ -163,17 +164,6 @@ class _AnnouncesRelease(VectorIndexOperator):
                 AssetAlias(EMBEDDING_PUBLICATIONS_ALIAS),
             ]
         super().__init__(**kwargs)
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        return self.announce(context, super().execute(context))
-
-    def execute_complete(
-        self,
-        context: Any,
-        event: dict[str, Any] | None = None,
-        result: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        return self.announce(context, super().execute_complete(context, event, result))
 
     def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
         model = str(self.model)
