@@ -466,16 +466,23 @@ class TrainingPartitionSensor(FailFastTemplatesMixin, BaseSensorOperator):
             raise AirflowFailException(f"cannot look for the training partition: {e}") from e
         return self._last
 
-    def poke(self, context: Any) -> PokeReturnValue:
-        self.use_run_context(context)
+    def look(self) -> PartitionCheck | None:
+        """One look at the store, said in the log: what it found, or None when the store
+        is unreachable (the wait goes on)."""
         try:
             found = self.check()
         except TransientError as e:
             self.log.warning("the store is unreachable, looking again later: %s", e)
-            return PokeReturnValue(is_done=False)
-        if found.landed:
+            return None
+        if not found.landed:
+            self._log_waiting(found)
+        return found
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        self.use_run_context(context)
+        found = self.look()
+        if found is not None and found.landed:
             return PokeReturnValue(is_done=True, xcom_value=self._landed(found))
-        self._log_waiting(found)
         return PokeReturnValue(is_done=False)
 
     def execute(self, context: Any) -> str | None:
@@ -487,15 +494,9 @@ class TrainingPartitionSensor(FailFastTemplatesMixin, BaseSensorOperator):
                 return super().execute(context)
             except AirflowSensorTimeout as e:
                 raise AirflowSensorTimeout(self._timeout_message(self._last)) from e
-        try:
-            found: PartitionCheck | None = self.check()
-        except TransientError as e:  # the trigger keeps looking
-            self.log.warning("the store is unreachable, looking again later: %s", e)
-            found = None
+        found = self.look()
         if found is not None and found.landed:
             return self._landed(found)
-        if found is not None:
-            self._log_waiting(found)
         now = time.time()
         start, end = self._wanted()
         self.defer(

@@ -60,6 +60,12 @@ _QUEUED = frozenset({"SUBMITTED", "PENDING", "RUNNABLE"})
 
 #: The task state store key (``context["task_state_store"]``, one per task instance,
 #: kept across tries) under which the runner records the job it submitted.
+#:
+#: Not Airflow 3.3's ``ResumableJobMixin``, which does the same on the synchronous path
+#: only: it cannot hand its reconnect decision to a deferred wait (apache/airflow#71485,
+#: as the provider's ``GlueJobOperator`` notes), and a worker lost between SubmitJob and
+#: the store's write resubmits a duplicate job. The runner closes that window by finding
+#: the job by its name (:meth:`AwsBatchRunner.job_name`), deferred or not, for any operator.
 STATE_KEY = "embedfresh_aws_batch_job"
 #: Tags of every submitted job: the result record it writes, so a retry that finds the
 #: job by name (the worker died before recording it) reads that job's record.
