@@ -145,10 +145,18 @@ def test_the_cost_record_counts_a_failed_attempt_and_the_retry_each_from_batchs_
     batch, executor, tmp_path
 ):
     root = tmp_path / "store"
-    op = health(f"file://{root}")
+    # The image's interpreter holds in the first attempt (until its host is lost), never
+    # in the second: the fault is placed by what the job prints, not by a clock.
+    python = tmp_path / "python"
+    python.write_text(
+        '#!/bin/sh\nif [ "$AWS_BATCH_JOB_ATTEMPT" = 1 ]; then echo "holding"; sleep 600; fi\n'
+        f'exec {PYTHON} "$@"\n'
+    )
+    python.chmod(0o755)
+    op = health(f"file://{root}", str(python))
     name = op.runner.job_name(op.build_job_spec(op.result_ticket({})))
-    # The first attempt loses its host 0.5 s in; Batch's retry strategy runs a second.
-    executor.fail(job_name=name, attempt=1, fault="host", after=0.5)
+    # The first attempt loses its host; Batch's retry strategy runs a second.
+    executor.fail(job_name=name, attempt=1, fault="host", on_output="holding")
     op.execute({})
     [submit] = executor.submits
     job = describe(batch, executor.calls_of("SubmitJob")[0].job_id)
