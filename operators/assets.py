@@ -9,7 +9,6 @@ and adds the concrete Asset at run time. With plain strings the Asset is a stati
 
 from __future__ import annotations
 
-import abc
 from typing import Any
 
 from airflow.sdk import Asset
@@ -48,26 +47,3 @@ def embedding_set_asset(model: str, version: str, corpus: str) -> Asset:
 
 def is_templated(*values: Any) -> bool:
     return any(isinstance(v, str) and ("{{" in v or "{%" in v) for v in values)
-
-
-class AnnouncesWhenDone(abc.ABC):
-    """A job operator's mixin (listed before the operator class) that adds its Asset
-    events once the job has succeeded, whether the task waited in the worker
-    (``execute``) or in the triggerer (``execute_complete``). A subclass implements
-    :meth:`announce`."""
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        return self.announce(context, super().execute(context))  # type: ignore[misc]
-
-    def execute_complete(
-        self,
-        context: Any,
-        event: dict[str, Any] | None = None,
-        result: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        summary = super().execute_complete(context, event, result)  # type: ignore[misc]
-        return self.announce(context, summary)
-
-    @abc.abstractmethod  # enforced: operators' metaclass is an ABCMeta
-    def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
-        """Add this task's Asset events for the job's ``summary``; return the summary."""

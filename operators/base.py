@@ -549,8 +549,8 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
                     kwargs={"result": ticket},
                     timeout=self.execution_timeout,
                 )
-            return self.handle_result(spec, started)
-        return self.handle_result(spec, runner.run(spec, self.log))
+            return self.announce(context, self.handle_result(spec, started))
+        return self.announce(context, self.handle_result(spec, runner.run(spec, self.log)))
 
     def execute_complete(
         self,
@@ -574,7 +574,14 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
             from embedfresh.core.results import ResultTicket
 
             ticket = ResultTicket.from_dict(result)
-        return self.handle_result(self.build_job_spec(ticket), runner.resume(event, self.log))
+        summary = self.handle_result(self.build_job_spec(ticket), runner.resume(event, self.log))
+        return self.announce(context, summary)
+
+    def announce(self, context: Any, summary: dict[str, Any]) -> dict[str, Any]:
+        """Once the job has succeeded (in the worker or after a deferral): add this task's
+        Asset events for the job's ``summary`` (an operator that announces one overrides
+        it); returns the summary, the task's XCom."""
+        return summary
 
     def handle_result(self, spec: JobSpec, result: JobResult) -> dict[str, Any]:
         """Map a job's exit code to Airflow's reaction: the one place that does it.

@@ -26,7 +26,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from embedfresh.core.settings import default_artifact_root
 from embedfresh.operators.assets import (
     EMBEDDING_SETS_ALIAS,
-    AnnouncesWhenDone,
     embedding_set_asset,
 )
 from embedfresh.operators.base import (
@@ -548,7 +547,7 @@ def _reused(planned: dict, children: list[dict], key: str) -> int:
     return int(planned.get(key, 0)) + sum(int(c.get(key, 0)) for c in children)
 
 
-class EmbeddingVerifyOperator(AnnouncesWhenDone, _EmbedJobOperator):
+class EmbeddingVerifyOperator(_EmbedJobOperator):
     """Verifies a corpus's embeddings and writes their manifest (``python -m embedfresh.jobs.embed_verify``).
 
     Announces the embedding set it verified, ``embedfresh://embedding-sets/<model>/<version>/<corpus>``

@@ -24,7 +24,6 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     MODEL_PROMOTIONS_ALIAS,
-    AnnouncesWhenDone,
     embeddings_asset,
     is_templated,
     model_asset,
@@ -151,7 +150,7 @@ class SearchCheckOperator(_CorpusOperator):
         return settings
 
 
-class _AnnouncesRelease(AnnouncesWhenDone, VectorIndexOperator):
+class _AnnouncesRelease(VectorIndexOperator):
     """Announces the release now live: the model's Asset, and every corpus's embeddings
     Asset (through the alias ``embedfresh-embedding-publications``; the corpora are known
     when the job is done)."""
