@@ -28,6 +28,7 @@ def build_own_model(
     pooling: str = "mean",
     dense: int | None = None,
     prompts: dict[str, str] | None = None,
+    shape: dict[str, int] | None = None,
 ) -> Path:
     """Write the model to ``directory`` (sentence-transformers layout); returns it.
 
@@ -35,7 +36,9 @@ def build_own_model(
     its own config names: the generic path) or ``mpnet`` (generic, positions offset by
     the pad id, no sdpa attention in transformers); ``pooling``: ``mean``, ``cls``, ``max``;
     ``dense``: a Dense module (tanh) to this many features after pooling; ``prompts``:
-    the model's query/document prompts.
+    the model's query/document prompts; ``shape``: the transformers config's own size
+    fields (``MPNetConfig()``'s defaults are all-mpnet-base-v2's shape), over the small
+    test shape.
 
     Two builds are two models, even with the same ``seed``: the WordPiece trainer numbers
     its vocabulary in hash-map order (``TOKENIZERS_PARALLELISM=false`` too), so token ids,
@@ -88,43 +91,49 @@ def build_own_model(
     )
     fast.save_pretrained(hf_dir)
     torch.manual_seed(seed)
+    size = {"vocab_size": tok.get_vocab_size(), "pad_token_id": 0, **(shape or {})}
     if model_type == "bert":
         config = BertConfig(
-            vocab_size=tok.get_vocab_size(),
-            hidden_size=HIDDEN,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=96,
-            max_position_embeddings=512,
-            pad_token_id=0,
+            **{
+                "hidden_size": HIDDEN,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 96,
+                "max_position_embeddings": 512,
+                **size,
+            }
         )
         BertModel(config).save_pretrained(hf_dir, safe_serialization=True)
     elif model_type == "mpnet":  # positions start after the pad id, as RoBERTa's do
         config = MPNetConfig(
-            vocab_size=tok.get_vocab_size(),
-            hidden_size=HIDDEN,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=96,
-            max_position_embeddings=514,
-            pad_token_id=0,
+            **{
+                "hidden_size": HIDDEN,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 96,
+                "max_position_embeddings": 514,
+                **size,
+            }
         )
         MPNetModel(config).save_pretrained(hf_dir, safe_serialization=True)
     else:
         config = DistilBertConfig(
-            vocab_size=tok.get_vocab_size(),
-            dim=HIDDEN,
-            n_layers=2,
-            n_heads=4,
-            hidden_dim=96,
-            max_position_embeddings=512,
-            pad_token_id=0,
+            **{
+                "dim": HIDDEN,
+                "n_layers": 2,
+                "n_heads": 4,
+                "hidden_dim": 96,
+                "max_position_embeddings": 512,
+                **size,
+            }
         )
         DistilBertModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    hidden = getattr(config, "hidden_size", None) or config.dim
     transformer = Transformer(str(hf_dir), max_seq_length=MAX_SEQ_LENGTH)
-    modules = [transformer, Pooling(HIDDEN, pooling)]
+    modules = [transformer, Pooling(hidden, pooling)]
     if dense:
-        modules.append(Dense(HIDDEN, dense, activation_function=torch.nn.Tanh()))
+        modules.append(Dense(hidden, dense, activation_function=torch.nn.Tanh()))
     st = SentenceTransformer(modules=[*modules, Normalize()], device="cpu", prompts=prompts)
     st.save(str(directory), safe_serialization=True)
     return directory
+

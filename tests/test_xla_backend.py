@@ -69,6 +69,7 @@ def test_train_on_xla_reports_backend_and_no_recompiles(root, reference):
     assert rep["pjrt_device"] == "CPU"
     assert rep["compiles"] > 0, "the XLA CompileTime metric was not read"
     assert rep["compiles_after_warmup"] == 0
+    assert rep["padding"] == "max_length"  # static shapes: one graph, not one per length
     assert [s for s, _ in rep["loss_curve"]] == list(range(1, STEPS + 1))
 
 

@@ -43,6 +43,7 @@ class Progress:
         self.clock = clock
         self.started = self.last_time = clock()
         self.done = self.last_done = 0
+        self.logged = False
 
     def advance(self, n: int) -> None:
         """``n`` more units done; logs a line when one is due."""
@@ -52,9 +53,10 @@ class Progress:
             self._line(now)
 
     def finish(self) -> float:
-        """Log the last line; the seconds the work took."""
+        """Log the last line (unless the last advance just did); the seconds the work took."""
         now = self.clock()
-        self._line(now)
+        if self.done != self.last_done or not self.logged:
+            self._line(now)
         return now - self.started
 
     def _line(self, now: float) -> None:
@@ -64,8 +66,8 @@ class Progress:
         eta = _duration(left / rate) if rate > 0 and left > 0 else "0m00s"
         share = f" ({100 * self.done / self.total:.1f}%)" if self.total else ""
         self.log.info(
-            "%s: %d of %d %s%s, %.0f %s/s, elapsed %s, ETA %s",
+            "%s: %d of %d %s%s, %.3g %s/s, elapsed %s, ETA %s",
             self.what, self.done, self.total, self.unit, share, rate, self.unit,
             _duration(elapsed), eta,
         )  # fmt: skip
-        self.last_time, self.last_done = now, self.done
+        self.last_time, self.last_done, self.logged = now, self.done, True

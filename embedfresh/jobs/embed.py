@@ -42,8 +42,6 @@ import io
 import logging
 import os
 import queue
-import resource
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,7 +57,9 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.embed_plan import EmbedPlan, read_plan, slice_count, write_plan
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.memory import rss_mib
 from embedfresh.core.parquet import job_memory_pool
+from embedfresh.core.progress import Progress
 from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
     MANIFEST,
@@ -273,7 +273,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
     # Before the model loads or anything is written: every shard this task embeds is
     # read and validated once, and ids repeated across them are refused (on disk: memory
     # does not grow with the corpus).
-    _refuse_repeated_ids(store, corpus_dir, available, todo)
+    todo_rows = _refuse_repeated_ids(store, corpus_dir, available, todo)
     tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
     prompt = spec.prompt("document")
 
@@ -340,6 +340,9 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
     embed_seconds = 0.0
     stats = EncodeStats()
     done = []
+    progress = Progress(
+        f"embedding {cfg.corpus} with {cfg.model} {cfg.version}", todo_rows, log=log
+    )
     prefetcher = _Prefetcher(todo, prepare, cfg.prefetch)
     try:
         for shard in prefetcher:
@@ -354,6 +357,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
                 stats,
                 cfg.packed,
                 forward=None if compiled is None else compiled.forward,
+                progress=progress,
             )
             seconds = time.perf_counter() - t0
             embed_seconds += seconds
@@ -399,7 +403,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
                 seconds,
                 n / max(seconds, 1e-9),
                 shard.truncated,
-                *_rss_mib(),
+                *rss_mib(),
             )
             done.append(shard.index)
             if compiled is not None:
@@ -412,6 +416,8 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
             totals["batches"] += len(shard.plan.batches)
     finally:
         prefetcher.close()
+    if todo:
+        progress.finish()
 
     wall = time.perf_counter() - started
     if totals["truncated"]:
@@ -449,7 +455,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
         "embed_seconds": round(embed_seconds, 6),
         "wall_seconds": round(wall, 3),
-        "peak_rss_mib": round(_rss_mib()[1], 1),
+        "peak_rss_mib": round(rss_mib()[1], 1),
         "max_length": max_length,
         "model_max_seq_length": spec.embedding_max_length,
         "lengths": list(lengths),
@@ -723,47 +729,16 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _rss_mib() -> tuple[float, float]:
-    """This process's resident memory now and its peak so far (MiB).
-
-    The peak is what a memory request must cover; it does not grow with the corpus
-    (shards are streamed), only with the shard size. The memory now, read after a shard
-    is committed, is what a leak moves: the peak hides one until it outgrows the
-    forward's transient memory (measured 2026-11-27: ~1 KiB a row kept for 20 shards of
-    1,000 rows raised the peak by 0.3 MiB and the memory after a commit by ~30).
-
-    On Linux these are ``VmRSS`` and ``VmHWM`` of ``/proc/self/status``, this process's
-    own address space. ``ru_maxrss`` is not: exec carries the parent's high-water mark
-    into it, so a job started by an 800 MiB process (a test runner, an Airflow worker)
-    reads at least 800 MiB whatever it uses (measured 2026-11-27: 813 against 13 MiB for
-    the same child). A job forked from the fork server starts with the server's pages
-    mapped and counts them either way. Elsewhere both are ``ru_maxrss``."""
-    found: dict[str, float] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                key = line.split(":", 1)[0]
-                if key in ("VmRSS", "VmHWM"):
-                    found[key] = int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    if len(found) == 2:
-        return found["VmRSS"], found["VmHWM"]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak = peak / 1024 / 1024 if sys.platform == "darwin" else peak / 1024  # bytes / KiB
-    return peak, peak
-
-
 def _refuse_repeated_ids(
     store: ArtifactStore, corpus_dir: str, available: dict[int, str], shards: list[int]
-) -> None:
+) -> int:
     """Read and validate each of ``shards`` (:func:`read_corpus_shard`), one at a time,
-    and refuse (exit 2) ids of two id types or ids repeated across them. The ids go to
+    and refuse (exit 2) ids of two id types or ids repeated across them; their rows. The ids go to
     disk, hash-partitioned (:class:`~embedfresh.core.shard_ids.CrossShardIds`, as verify
     checks the whole corpus), so memory is one shard whatever the task's size; the cost
     is one more read of each shard (``prepare`` reads it again to embed it)."""
     if not shards:
-        return
+        return 0
     started = time.perf_counter()
     with CrossShardIds() as on_disk:
         for index in shards:
@@ -790,6 +765,7 @@ def _refuse_repeated_ids(
         rows,
         time.perf_counter() - started,
     )
+    return rows
 
 
 def _refuse_to_change_a_release(

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from embedfresh.core import layout
 from embedfresh.core.config import EvaluateConfig
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
 from embedfresh.ml.data.reader import Examples, read_eval
@@ -197,7 +198,11 @@ class EvalSet:
 
 
 def evaluate_model(
-    model: RelevanceModel, backend: Backend, data: EvalSet, batch_size: int
+    model: RelevanceModel,
+    backend: Backend,
+    data: EvalSet,
+    batch_size: int,
+    progress: str | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, np.ndarray]]]:
     """Metrics and per-example outcome tables of an in-memory model on ``data``.
 
@@ -205,12 +210,20 @@ def evaluate_model(
     so the training loop can call it between steps. Batches are padded to a fixed shape
     (:mod:`embedfresh.ml.inference`): on XLA, every evaluation after the first reuses its graphs.
     Returns ``(metrics, {"examples": {...}, "queries": {...}})``, the tables as
-    :func:`write_outcomes` stores them.
+    :func:`write_outcomes` stores them. ``progress``: what the log calls this evaluation
+    in its progress lines (rows scored and texts embedded, rate and ETA); None: no lines
+    (the training loop's evaluation points).
     """
     ex = data.examples
-    probs = score(model, backend, data.queries, data.products, ex.features, batch_size)
-    q_vec = embed(model, backend, data.query_tokens, batch_size)
-    p_vec = embed(model, backend, data.product_tokens, batch_size)
+    counter = None
+    if progress is not None:
+        total = len(ex.features) + len(data.query_ids) + len(data.product_ids)
+        counter = Progress(progress, total, unit="rows", log=log)
+    probs = score(model, backend, data.queries, data.products, ex.features, batch_size, counter)
+    q_vec = embed(model, backend, data.query_tokens, batch_size, counter)
+    p_vec = embed(model, backend, data.product_tokens, batch_size, counter)
+    if counter is not None:
+        counter.finish()
     recalls = recall_at_k(q_vec, p_vec, data.relevant, pools=data.pools)
     labels = ex.labels.astype(np.int64)
     outcomes = {"label": labels, "prob": probs, "recall_at_10": recalls}
@@ -255,7 +268,13 @@ def evaluate_version(cfg: EvaluateConfig) -> tuple[dict[str, Any], str]:
     model = versions.instantiate(version).to(backend.device)
     tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length, version.spec.prompts)
     data = EvalSet.load(store, cfg.dataset, tokenizer, cfg.recall_pool)
-    metrics, tables = evaluate_model(model, backend, data, cfg.batch_size)
+    log.info(
+        "evaluating %s version %s on %s: %d pairs, %d queries, %d products",
+        cfg.model, cfg.target_version, cfg.dataset,
+        len(data.examples), len(data.query_ids), len(data.product_ids),
+    )  # fmt: skip
+    what = f"evaluating {cfg.model} {cfg.target_version}"
+    metrics, tables = evaluate_model(model, backend, data, cfg.batch_size, progress=what)
     outcomes = write_outcomes(store, cfg.model, cfg.run_id, cfg.report_name, tables)
     report = {
         "status": "ok",

@@ -1,8 +1,10 @@
-"""Batched inference with fixed shapes: relevance scores and embeddings.
+"""Batched inference: relevance scores and embeddings.
 
 Every batch has exactly ``batch_size`` rows (the last one padded by repeating rows,
-whose outputs are dropped), so an XLA/Neuron device or a compiled graph sees one
-shape only.
+whose outputs are dropped). Where the backend needs static shapes (an XLA/Neuron device,
+a compiled graph) every batch is also ``max_length`` wide, so it sees one shape only;
+eager backends take each batch at its longest text
+(:func:`~embedfresh.ml.model.tokenizer.trim_padding`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from embedfresh.core.progress import Progress
 from embedfresh.ml.backends import Backend
 from embedfresh.ml.model.relevance import RelevanceModel
-from embedfresh.ml.model.tokenizer import Tokenized
+from embedfresh.ml.model.tokenizer import Tokenized, trim_padding
 
 
 def _fixed_batches(n: int, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
@@ -26,6 +29,14 @@ def _fixed_batches(n: int, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
         yield index, real
 
 
+def _texts(backend: Backend, tokens: Tokenized, index: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Rows ``index`` of ``tokens``: ids and mask, trimmed unless shapes are static."""
+    ids, mask = tokens.input_ids[index], tokens.attention_mask[index]
+    if not backend.static_shapes:
+        ids, mask = trim_padding(ids, mask)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
 def score(
     model: RelevanceModel,
     backend: Backend,
@@ -33,10 +44,12 @@ def score(
     products: Tokenized,
     features: np.ndarray,
     batch_size: int,
+    progress: Progress | None = None,
 ) -> np.ndarray:
-    """Relevance probabilities (float64 [n]) of aligned (query, product, features) rows."""
+    """Relevance probabilities (float64 [n]) of aligned (query, product, features) rows;
+    each batch's rows counted in ``progress``."""
     with backend.inference():
-        return _score(model, backend, queries, products, features, batch_size)
+        return _score(model, backend, queries, products, features, batch_size, progress)
 
 
 def _score(
@@ -46,49 +59,54 @@ def _score(
     products: Tokenized,
     features: np.ndarray,
     batch_size: int,
+    progress: Progress | None,
 ) -> np.ndarray:
     model.eval()
     out = []
     for index, real in _fixed_batches(len(features), batch_size):
+        (q, qm), (p, pm) = _texts(backend, queries, index), _texts(backend, products, index)
         batch = backend.to_device(
-            {
-                "q": torch.from_numpy(queries.input_ids[index]),
-                "qm": torch.from_numpy(queries.attention_mask[index]),
-                "p": torch.from_numpy(products.input_ids[index]),
-                "pm": torch.from_numpy(products.attention_mask[index]),
-                "f": torch.from_numpy(features[index]),
-            }
+            {"q": q, "qm": qm, "p": p, "pm": pm, "f": torch.from_numpy(features[index])}
         )
         with backend.autocast():
             logits = model(batch["q"], batch["qm"], batch["p"], batch["pm"], batch["f"])
         backend.mark_step()
         out.append(torch.sigmoid(logits.float()).to("cpu").numpy()[:real])
+        if progress is not None:
+            progress.advance(real)
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
 
 def embed(
-    model: RelevanceModel, backend: Backend, tokens: Tokenized, batch_size: int
+    model: RelevanceModel,
+    backend: Backend,
+    tokens: Tokenized,
+    batch_size: int,
+    progress: Progress | None = None,
 ) -> np.ndarray:
-    """L2-normalised embeddings (float32 [n, hidden]) of tokenised texts."""
+    """L2-normalised embeddings (float32 [n, hidden]) of tokenised texts; each batch's
+    rows counted in ``progress``."""
     with backend.inference():
-        return _embed(model, backend, tokens, batch_size)
+        return _embed(model, backend, tokens, batch_size, progress)
 
 
 def _embed(
-    model: RelevanceModel, backend: Backend, tokens: Tokenized, batch_size: int
+    model: RelevanceModel,
+    backend: Backend,
+    tokens: Tokenized,
+    batch_size: int,
+    progress: Progress | None,
 ) -> np.ndarray:
     model.eval()
     out = []
     for index, real in _fixed_batches(len(tokens.input_ids), batch_size):
-        batch = backend.to_device(
-            {
-                "ids": torch.from_numpy(tokens.input_ids[index]),
-                "mask": torch.from_numpy(tokens.attention_mask[index]),
-            }
-        )
+        ids, mask = _texts(backend, tokens, index)
+        batch = backend.to_device({"ids": ids, "mask": mask})
         with backend.autocast():
             vectors = model.embed(batch["ids"], batch["mask"])
         backend.mark_step()
         out.append(vectors.float().to("cpu").numpy()[:real])
+        if progress is not None:
+            progress.advance(real)
     hidden = model.spec.embedding_dim
     return np.concatenate(out) if out else np.zeros((0, hidden), dtype=np.float32)

@@ -47,6 +47,13 @@ class Backend(abc.ABC):
         """
 
     @property
+    def static_shapes(self) -> bool:
+        """Whether every batch must keep one shape (padded to ``max_length``): under
+        torch.compile (static shapes: a new length would be a new graph) and on traced
+        devices. Eager PyTorch takes each batch at its own longest text instead."""
+        return self.compiled
+
+    @property
     def is_main(self) -> bool:
         """Rank 0: the one process that writes checkpoints, versions and reports."""
         return self.rank == 0

@@ -65,6 +65,11 @@ class XlaBackend(Backend):
         self.world_size = xr.world_size()
         self.rank = xr.global_ordinal()
 
+    @property
+    def static_shapes(self) -> bool:
+        """Always: every new shape is a new graph to compile (minutes on Neuron)."""
+        return True
+
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in batch.items()}
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from embedfresh.core.progress import Progress
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches
 
 if TYPE_CHECKING:
@@ -51,8 +52,10 @@ def embed_plan(
     stats: EncodeStats | None = None,
     packed: bool = True,
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    progress: Progress | None = None,
 ) -> np.ndarray:
-    """Run every batch of ``plan`` through ``model.embed``; float32 [rows, hidden] in the
+    """Run every batch of ``plan`` through ``model.embed`` (each batch's rows counted in
+    ``progress``); float32 [rows, hidden] in the
     original text order, L2-normalised. ``packed``: on a CPU/CUDA device, the unpadded
     forward of :func:`embedfresh.ml.embedding.packed.packed_embed` instead (same vectors; never on
     XLA/Neuron, which need the static shapes). ``forward``: the forward to call instead
@@ -90,6 +93,8 @@ def embed_plan(
             vectors[batch.index] = out.to("cpu").numpy()[: batch.real]
             if stats is not None:
                 stats.shapes.add(tuple(batch.input_ids.shape))
+            if progress is not None:
+                progress.advance(batch.real)
     return vectors
 
 

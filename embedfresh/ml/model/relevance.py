@@ -61,12 +61,16 @@ class RelevanceModel(nn.Module):
         features: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Relevance logits and the query and product embeddings they came from."""
-        # One encoder pass over queries and products together: one graph, better batching.
-        n = query_ids.shape[0]
-        both = self.encoder(
-            torch.cat([query_ids, product_ids]), torch.cat([query_mask, product_mask])
-        )
-        q, p = both[:n], both[n:]
+        if query_ids.shape[1] == product_ids.shape[1]:
+            # One encoder pass over queries and products together (static shapes: one
+            # graph, better batching).
+            n = query_ids.shape[0]
+            both = self.encoder(
+                torch.cat([query_ids, product_ids]), torch.cat([query_mask, product_mask])
+            )
+            q, p = both[:n], both[n:]
+        else:  # each trimmed to its own longest text (eager): two passes, fewer tokens
+            q, p = self.encoder(query_ids, query_mask), self.encoder(product_ids, product_mask)
         x = torch.cat([q, p, q * p, (q - p).abs(), (q * p).sum(-1, keepdim=True), features], dim=-1)
         return self.head(x).squeeze(-1), q, p
 

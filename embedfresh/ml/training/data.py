@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from embedfresh.ml.data.reader import Examples
-from embedfresh.ml.model.tokenizer import TextTokenizer
+from embedfresh.ml.model.tokenizer import TextTokenizer, trim_padding
 
 
 @dataclass(frozen=True)
@@ -41,23 +41,26 @@ class TrainingSet:
             torch.from_numpy(examples.labels),
         )
 
-    def batch(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        """The rows ``index`` of every tensor, keyed as the training step reads them."""
+    def batch(self, index: np.ndarray, trim: bool = False) -> dict[str, torch.Tensor]:
+        """The rows ``index`` of every tensor, keyed as the training step reads them;
+        ``trim``: queries and products each cut to the batch's longest text
+        (:func:`~embedfresh.ml.model.tokenizer.trim_padding`), else ``max_length`` wide."""
         i = torch.from_numpy(index)
-        return {
-            "query_ids": self.query_ids[i],
-            "query_mask": self.query_mask[i],
-            "product_ids": self.product_ids[i],
-            "product_mask": self.product_mask[i],
-            "features": self.features[i],
-            "labels": self.labels[i],
-        }
+        texts = {}
+        for side in ("query", "product"):
+            ids, mask = getattr(self, f"{side}_ids")[i], getattr(self, f"{side}_mask")[i]
+            if trim:
+                ids, mask = map(torch.from_numpy, trim_padding(ids.numpy(), mask.numpy()))
+            texts[f"{side}_ids"], texts[f"{side}_mask"] = ids, mask
+        return {**texts, "features": self.features[i], "labels": self.labels[i]}
 
 
 class RankBatches:
     """This rank's host batches of steps ``first..total``, in order: step ``s`` takes
     the rank's shard of the global batch at its position in the epoch order. Iterable
-    more than once and sized, as a data loader (and ``MpDeviceLoader``) expects."""
+    more than once and sized, as a data loader (and ``MpDeviceLoader``) expects.
+    ``trim``: each batch at its own longest texts (eager backends), else every batch
+    ``max_length`` wide (static shapes)."""
 
     def __init__(
         self,
@@ -69,9 +72,11 @@ class RankBatches:
         world_size: int,
         first: int,
         total: int,
+        trim: bool = False,
     ) -> None:
         self.data, self.seed, self.per_epoch, self.batch_size = data, seed, per_epoch, batch_size
         self.rank, self.world_size, self.first, self.total = rank, world_size, first, total
+        self.trim = trim
 
     def __len__(self) -> int:
         return self.total - self.first
@@ -83,7 +88,7 @@ class RankBatches:
             if epoch != order_epoch:
                 order, order_epoch = epoch_order(self.seed, epoch, len(self.data.labels)), epoch
             start = (position * self.world_size + self.rank) * self.batch_size
-            yield self.data.batch(order[start : start + self.batch_size])
+            yield self.data.batch(order[start : start + self.batch_size], self.trim)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:

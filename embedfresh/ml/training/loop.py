@@ -27,6 +27,7 @@ import torch
 
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.exit_codes import BadInputError, TransientError
+from embedfresh.core.progress import Progress
 from embedfresh.ml.backends import Backend
 from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict
 from embedfresh.ml.model.relevance import RelevanceModel, in_batch_contrastive
@@ -130,9 +131,11 @@ class Trainer:
                 backend.world_size,
                 first,
                 last,
+                trim=not backend.static_shapes,
             )
         )
         compiles_at_warmup, eval_compiles_at_warmup = None, 0
+        progress = Progress(f"training {self.cfg.model}", last - first, unit="steps", log=log)
         preemption, gather = self._preemption()
         with preemption or contextlib.nullcontext():
             for step, batch in zip(range(first, last), batches, strict=False):
@@ -149,6 +152,7 @@ class Trainer:
                 self.schedule.step()
                 backend.mark_step()
                 state.step = done
+                progress.advance(1)
                 if first_step_seconds is None:
                     first_step_seconds = time.perf_counter() - started
                 if done - first == WARMUP_STEPS:
@@ -172,6 +176,7 @@ class Trainer:
                     total,
                     total,
                 )
+        progress.finish()
         after = 0 if compiles_at_warmup is None else backend.compiles() - compiles_at_warmup
         if self.evaluator is not None and compiles_at_warmup is not None:
             after -= self.evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs

@@ -31,6 +31,7 @@ from embedfresh.core import layout
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.cost import run_cost
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.memory import return_freed_tensors, rss_mib
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
 from embedfresh.ml.checkpoint import Checkpoint, CheckpointManager, cpu_state_dict
@@ -204,6 +205,11 @@ class TrainingRun:
         (weights, optimizer, schedule, RNG: bit-exact) or from ``cfg.init``'s weights,
         and train it to the end of the plan, checkpointing as the manager decides."""
         cfg, backend, plan = self.cfg, self.backend, self.plan
+        if return_freed_tensors():
+            log.info(
+                "malloc: blocks of 128 KiB and more are mapped on their own, so each step's "
+                "freed activations go back to the system (glibc mallopt M_MMAP_THRESHOLD)"
+            )
         tokenizer = TextTokenizer(self.tokenizer_json, self.spec.max_length, self.spec.prompts)
         data = TrainingSet.build(self.examples, tokenizer)
         model = versions.build_model(self.spec, cfg.seed)
@@ -237,6 +243,7 @@ class TrainingRun:
         if cfg.eval_every is not None and backend.is_main:
             evaluator = EvalPoints(cfg, self.store, backend, tokenizer, state.eval_curve)
         forward = self._forward(model)
+        log.info("%s", padding_line(backend, data, self.spec.max_length))
         trainer = Trainer(
             cfg, backend, model, forward, optimizer, schedule, data, plan, checkpoints, evaluator
         )
@@ -348,6 +355,8 @@ class TrainingRun:
             "seconds_to_first_step": None
             if first_step_seconds is None
             else round(first_step_seconds, 3),
+            "padding": "max_length" if backend.static_shapes else "longest",
+            "peak_rss_mib": round(rss_mib()[1], 1),
             **backend.metadata(),
         }
         report.update(
@@ -356,6 +365,19 @@ class TrainingRun:
             )
         )
         return report
+
+
+def padding_line(backend: Backend, data: TrainingSet, max_length: int) -> str:
+    """What the log says of how this run's batches are padded."""
+    q, p = (float(m.sum(1).float().mean()) for m in (data.query_mask, data.product_mask))
+    lengths = f"queries {q:.1f} tokens on average, products {p:.1f}"
+    if backend.static_shapes:
+        why = "torch.compile" if backend.compiled else f"backend {backend.name}"
+        return f"batches padded to max_length {max_length} (static shapes: {why}); {lengths}"
+    return (
+        f"batches padded to their longest query and product (multiple of 8), not to "
+        f"max_length {max_length}; {lengths}"
+    )
 
 
 def _check_writable(store: ArtifactStore, cfg: TrainConfig) -> None:
