@@ -248,6 +248,11 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             d, low, high = metric.get("d"), metric.get("ci_low"), metric.get("ci_high")
             shown = "n/a" if d is None else f"{d:+.3%} [{low:+.3%}, {high:+.3%}]"
             lines.append(f"      {metric['metric']:<13} d {shown}  {metric['verdict']}")
+        skipped = gate.get("metrics_not_compared") or {}
+        if skipped:
+            lines.append(
+                f"      not compared: {', '.join(skipped)} ({next(iter(skipped.values()))})"
+            )
         if gate["verdict"] == "INCONCLUSIVE":
             lines.append(
                 "      (the interval is too wide to decide: production stays; a larger eval "

@@ -451,7 +451,12 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     assert report["reference"]["source"] == "baseline"
     assert report["reference"]["version"] == "baseline"
     assert report["production_at_decision"] is None
-    check_common(report, n_examples=768)
+    # The baseline's relevance head is a seeded random init: the gate compares only
+    # recall@10, and says why the head's metrics were left out.
+    check_common(report, n_examples=768, metrics=("recall_at_10",))
+    assert set(report["metrics_not_compared"]) == {"accuracy", "auc", "log_loss"}
+    assert all("seeded random" in why for why in report["metrics_not_compared"].values())
+    assert summary["metrics_not_compared"] == report["metrics_not_compared"]
     assert all(m["d"] == 0.0 for m in report["metrics"])
     marker = versions.is_committed(store, MODEL, "baseline")
     assert marker is not None
@@ -464,7 +469,8 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     assert doc["history"][-1]["previous"] is None
     assert read_release(store, MODEL, "first").doc["gate"]["reference"] == "baseline"
 
-    # The next run is gated against production, not the baseline.
+    # The next run is gated against production, not the baseline: a version a run
+    # published (as train does), so every metric of the config is compared.
     publish_base_weights(store, "second")
     evaluate(EvaluateConfig(artifact_root=root, run_id="second"))
     run_gate(GateConfig(artifact_root=root, run_id="second"))
@@ -472,6 +478,32 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     assert report["reference"]["source"] == "production"
     assert report["reference"]["version"] == "first"
     assert report["production_at_decision"] == "first"
+    check_common(report, n_examples=768)
+    assert report["metrics_not_compared"] == {}
+
+
+def test_a_gate_on_head_metrics_alone_against_an_untrained_head_is_refused(root: str):
+    """Against the baseline, a gate of accuracy and AUC would PASS on a random head: it
+    exits 2 before any write (no baseline published, no reference evaluated), naming the
+    fix; a version published from a model directory is refused the same way."""
+    store = ArtifactStore(root)
+    publish_base_weights(store, "head")
+    evaluate(EvaluateConfig(artifact_root=root, run_id="head"))
+    files = Path(root.removeprefix("file://"))
+    before = sorted(files.rglob("*"))
+    with pytest.raises(BadInputError, match=r"metrics=\[.*recall_at_10") as exc:
+        run_gate(GateConfig(artifact_root=root, run_id="head", metrics=["accuracy", "auc"]))
+    assert "never trained" in str(exc.value) and exc.value.exit_code == ExitCode.BAD_INPUT
+    assert versions.is_committed(store, MODEL, "baseline") is None
+    assert sorted(files.rglob("*")) == before
+
+    spec = get_spec(MODEL)
+    weights = cpu_state_dict(versions.build_model(spec, 0))
+    versions.publish(store, spec, "from-dir", weights, {"base": True, "source": "/models/x"})
+    with pytest.raises(BadInputError, match="published from /models/x by publish_model"):
+        run_gate(
+            GateConfig(artifact_root=root, run_id="head", reference="from-dir", metrics=["auc"])
+        )
 
 
 # --- missing or empty eval data ------------------------------------------------------------

@@ -83,6 +83,8 @@ def decision_row(run_id: str, gate: dict[str, Any]) -> dict[str, Any]:
         "reason": gate.get("reason"),
         "created_at": gate.get("created_at"),
         "metrics": metric_rows(gate.get("metrics")),
+        # Metrics of the gate's config it did not compare, and why (an untrained head).
+        "metrics_not_compared": gate.get("metrics_not_compared") or {},
     }
 
 

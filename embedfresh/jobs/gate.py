@@ -27,7 +27,7 @@ from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.inputs import check_version
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.evaluation import evaluate_version
+from embedfresh.ml.evaluation import HEAD_METRICS, evaluate_version
 from embedfresh.ml.gate.decision import GateResult, check_candidate, check_parameters, gate
 from embedfresh.ml.gate.outcomes import load_outcomes, pool_definition
 from embedfresh.ml.gate.plot import intervals_svg
@@ -70,11 +70,16 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         if production is not None:
             ref_version, source = production, "production"
         else:
-            ref_version = versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
-            source = "baseline"
+            ref_version, source = cfg.baseline, "baseline"
     else:
         ref_version, source = cfg.reference, "pinned"
         check_version(store, cfg.model, ref_version)
+    # A reference whose relevance head never trained says nothing through the head's
+    # metrics (a seeded random init): the gate compares what it can be measured on.
+    untrained = untrained_head(store, cfg.model, ref_version, source)
+    metrics, skipped = comparable_metrics(cfg.metrics, untrained, ref_version)
+    if source == "baseline":
+        versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
 
     reference = _eval_report(store, cfg, cfg.reference_report)
     if (
@@ -82,6 +87,11 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         or reference.get("version") != ref_version
         or reference.get("dataset") != cfg.dataset
     ):
+        log.info(
+            "evaluating the reference, %s version %s (%s), on %s: no evaluation of it "
+            "under this run yet (%s.json)",
+            cfg.model, ref_version, source, cfg.dataset, cfg.reference_report,
+        )  # fmt: skip
         reference, _ = evaluate_version(
             EvaluateConfig(
                 artifact_root=cfg.artifact_root,
@@ -110,7 +120,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     result: GateResult = gate(
         cand_outcomes,
         load_outcomes(store, reference),
-        cfg.metrics,
+        metrics,
         cfg.mode,
         cfg.tolerance,
         cfg.resamples,
@@ -127,6 +137,8 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
         # The production version this decision was made against: promotion is a
         # compare-and-swap on it, so a decision against a stale production cannot win.
         "production_at_decision": production,
+        # Metrics of the config not compared, and why (a reference's untrained head).
+        "metrics_not_compared": skipped,
         "n_examples": candidate["n_examples"],
         "n_queries": candidate["n_queries"],
         "recall_pool": cand_pool,
@@ -149,6 +161,11 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     )
     run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the gate
     log.info("gate %s: %s (report %s)", result.verdict, result.reason, report_url)
+    if skipped:
+        log.warning(
+            "gate %s on %s only: %s not compared (the reference's head was never trained)",
+            result.verdict, ", ".join(metrics), ", ".join(skipped),
+        )  # fmt: skip
     if not result.passed and (cfg.refusal_exits or cfg.mode == "parity"):
         raise GateRefusedError(
             f"{result.reason} (candidate {cfg.candidate_version} vs "
@@ -159,7 +176,55 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
             "gate %s: candidate %s is not released; the decision is the outcome (exit 0)",
             result.verdict, cfg.candidate_version,
         )  # fmt: skip
-    return decision_summary(cfg, result.to_dict(), ref_version, report_url)
+    return decision_summary(
+        cfg, {**result.to_dict(), "metrics_not_compared": skipped}, ref_version, report_url
+    )
+
+
+def untrained_head(store: ArtifactStore, model: str, version: str, source: str) -> str | None:
+    """Why ``version``'s relevance head was never trained, or None when a training run
+    trained it: the baseline (the config's base weights) and a version published from a
+    model directory (``publish_model``) carry a seeded random head."""
+    baseline = f"{version} is the baseline: the base weights with a seeded random relevance head"
+    if source == "baseline":
+        return baseline
+    meta = versions.version_meta(store, model, version)
+    if meta.get("baseline"):
+        return baseline
+    if meta.get("base"):
+        return (
+            f"{version} was published from {meta.get('source')} by publish_model with a "
+            "seeded random relevance head that no training run has trained"
+        )
+    return None
+
+
+def comparable_metrics(
+    metrics: list[str], untrained: str | None, reference: str
+) -> tuple[list[str], dict[str, str]]:
+    """The gate's metrics that compare the candidate with this reference, and those left
+    out with why: against an ``untrained`` head, only the retrieval metrics.
+
+    :raises BadInputError: nothing is left to compare (exit 2, before any write).
+    """
+    if untrained is None:
+        return list(metrics), {}
+    kept = [m for m in metrics if m not in HEAD_METRICS]
+    skipped = {m: untrained for m in metrics if m in HEAD_METRICS}
+    if not kept:
+        raise BadInputError(
+            f"the gate's metrics {metrics} are all relevance-head metrics, and the "
+            f"reference's head was never trained ({untrained}): a PASS would say nothing. "
+            f"Gate on a retrieval metric too (--set 'metrics=[\"recall_at_10\"]'), or "
+            "against a trained version (--set reference=<version>)"
+        )
+    if skipped:
+        log.warning(
+            "gate: %s not compared against reference %s, whose relevance head was never "
+            "trained (%s); the decision rests on %s",
+            ", ".join(skipped), reference, untrained, ", ".join(kept),
+        )  # fmt: skip
+    return kept, skipped
 
 
 #: The fields of each metric's decision that the summary (the task's XCom) carries.
@@ -191,6 +256,7 @@ def decision_summary(
         "reference": reference,
         "tolerance": cfg.tolerance,
         "metrics": [{k: m.get(k) for k in METRIC_FIELDS} for m in decision["metrics"]],
+        "metrics_not_compared": decision.get("metrics_not_compared", {}),
         "report": report_url,
     }
 

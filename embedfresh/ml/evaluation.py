@@ -45,6 +45,8 @@ log = logging.getLogger("embedfresh.ml.evaluation")
 
 RECALL_K = 10
 METRICS = ("accuracy", "auc", "log_loss", "recall_at_10")
+HEAD_METRICS = ("accuracy", "auc", "log_loss")
+"""The relevance head's metrics: meaningless for a version whose head never trained."""
 POOL_SEED = 0
 """Seeds every query's negative sample together with its id; part of the pool definition."""
 DEFAULT_RECALL_POOL: int | None = EvaluateConfig.model_fields["recall_pool"].default

@@ -392,7 +392,7 @@ def _decisions(rows: list[dict[str, Any]]) -> str:
                 _id(r.get("reference")),
                 _v(r.get("n")),
                 _metrics_cell(r.get("metrics") or []),
-                _text(r.get("reason")),
+                _text(r.get("reason")) + _not_compared(r.get("metrics_not_compared")),
             ]
             for r in rows
         ],
@@ -445,6 +445,15 @@ def _history(rows: list[dict[str, Any]]) -> str:
         + _chart(lambda: (charts.history_chart(rows), f"{len(rows)} gate decisions, newest mode"))
         + "</div>"
     )
+
+
+def _not_compared(skipped: Any) -> str:
+    """The metrics a gate left out, and why, under its reason."""
+    if not isinstance(skipped, dict) or not skipped:
+        return ""
+    why = "; ".join(sorted({str(v) for v in skipped.values()}))
+    names = ", ".join(quality_chart.label(m) for m in skipped)
+    return f'<br><span class="not-compared">not compared: {escape(names)} ({_text(why)})</span>'
 
 
 def _curve(data: dict[str, Any], chart_html: str = "") -> str:
