@@ -137,3 +137,86 @@ def build_own_model(
     st.save(str(directory), safe_serialization=True)
     return directory
 
+
+EOS = "<|endoftext|>"
+DECODER_MAX_SEQ_LENGTH = 256
+QUERY_INSTRUCTION = "Instruct: Given a product search query, retrieve relevant products\nQuery: "
+
+
+def build_own_decoder(
+    directory: Path,
+    model_type: str = "qwen3",
+    seed: int = 0,
+    appends_eos: bool = True,
+    sentence_transformers: bool = True,
+) -> Path:
+    """A decoder embedding model of ``model_type`` (``qwen3``, ``qwen2``, ``llama`` or
+    ``mistral``) with random weights and its own byte-level BPE tokenizer trained on
+    multi-script text, padding on the left as Qwen3-Embedding's does, written as a
+    sentence-transformers directory (Transformer -> Pooling ``lasttoken`` -> Normalize,
+    with a query instruction as Qwen3-Embedding's) or, ``sentence_transformers=False``,
+    as the plain transformers directory alone.
+
+    ``appends_eos``: the tokenizer appends the EOS token (the token last-token pooling
+    reads), as Qwen3-Embedding's does; False: it does not (e5-mistral's fast tokenizer
+    before ``add_eos_token=True``)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+    from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
+
+    tok = Tokenizer(BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS * 20,
+        BpeTrainer(
+            vocab_size=1200,
+            special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    eos_id = tok.token_to_id(EOS)
+    if appends_eos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"$A {EOS}", pair=f"$A {EOS} $B:1 {EOS}:1", special_tokens=[(EOS, eos_id)]
+        )
+    hf_dir = directory if not sentence_transformers else directory.parent / f"{directory.name}-hf"
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, padding_side="left"
+    )
+    fast.model_max_length = DECODER_MAX_SEQ_LENGTH
+    fast.save_pretrained(hf_dir)
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    AutoModel.from_config(config).save_pretrained(hf_dir, safe_serialization=True)
+    if not sentence_transformers:
+        return hf_dir
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+
+    transformer = Transformer(str(hf_dir), max_seq_length=DECODER_MAX_SEQ_LENGTH)
+    st = SentenceTransformer(
+        modules=[transformer, Pooling(HIDDEN, "lasttoken"), Normalize()],
+        device="cpu",
+        prompts={"query": QUERY_INSTRUCTION},
+    )
+    st.save(str(directory), safe_serialization=True)
+    return directory

@@ -339,7 +339,7 @@ def _edit_json(path: Path, **changes) -> None:
         ),
         (
             lambda d: _edit_json(d / "1_Pooling" / "config.json", pooling_mode="lasttoken"),
-            "pooling ['pooling_mode_lasttoken'] is not supported",
+            "lasttoken pooling of the encoder 'bert' is not supported",
         ),
         (
             lambda d: _edit_json(

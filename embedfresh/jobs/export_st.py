@@ -26,6 +26,7 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.model.presets import ModelSpec
 from embedfresh.ml.model.sources import ACTIVATIONS as ACTIVATION_NAMES
+from embedfresh.ml.model.sources import DECODER_MODEL_TYPES
 
 log = logging.getLogger("embedfresh.jobs.export_st")
 
@@ -97,9 +98,15 @@ def tokenizer_settings(
         by_id[int(added["id"])] = added["content"]
     known = set(by_id.values())
     unk = model.get("unk_token") or by_id.get(model.get("unk_id"))
-    # The pad token the model was trained with (RoBERTa-like models: "<pad>", id 1).
-    pad_id = ((spec.architecture or {}).get("pad_token_id") if spec else None) or 0
-    special = {"unk_token": unk, "pad_token": by_id.get(pad_id)}
+    # The pad token the model was trained with (RoBERTa-like models: "<pad>", id 1); a
+    # decoder's EOS, which its last-token pooling reads, pads it where it names no pad.
+    architecture = (spec.architecture if spec else None) or {}
+    eos = architecture.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    pad_id = architecture.get("pad_token_id")
+    if pad_id is None:
+        pad_id = eos if architecture.get("model_type") in DECODER_MODEL_TYPES else 0
+    special = {"unk_token": unk, "pad_token": by_id.get(pad_id), "eos_token": by_id.get(eos)}
     for key, names in (
         ("cls_token", ("[CLS]", "<s>")),
         ("sep_token", ("[SEP]", "</s>")),
@@ -119,7 +126,7 @@ def encoder_weights(weights: dict[str, Any], prefix: str = ENCODER_PREFIX) -> di
         for k, v in weights.items()
         if k.startswith(prefix) and not k.startswith(f"{ENCODER_PREFIX}dense.")
     }
-    if not any(k.startswith("embeddings.") for k in out):
+    if not out:
         raise BadInputError("the model version has no encoder weights to export")
     if prefix != ENCODER_PREFIX:
         return out
@@ -158,6 +165,7 @@ def st_modules(spec: ModelSpec, dense_weights: list[dict[str, Any]]) -> dict[str
                 "pooling_mode_cls_token": spec.pooling_mode == "cls",
                 "pooling_mode_mean_tokens": spec.pooling_mode == "mean",
                 "pooling_mode_max_tokens": spec.pooling_mode == "max",
+                "pooling_mode_lasttoken": spec.pooling_mode == "lasttoken",
                 "pooling_mode_mean_sqrt_len_tokens": False,
             }
         )

@@ -44,6 +44,13 @@ def publish_model(cfg: PublishModelConfig) -> dict[str, Any]:
         )
     store = ArtifactStore(cfg.artifact_root)
     source = sources.read_source(cfg.source)
+    if source.kind == "transformers" and source.pooling == "lasttoken":
+        log.info(
+            "%s is a transformers decoder directory without sentence-transformers files: "
+            "embedded by last-token pooling (its EOS token), what decoder embedding models "
+            "are trained for (sentence-transformers would mean-pool such a directory)",
+            source.url,
+        )
     spec = versions.spec_from_source(
         source,
         cfg.model,

@@ -132,16 +132,21 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-POOLING_MODES = ("mean", "cls", "max")
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 """Pooling over token states, as sentence-transformers' Pooling module computes them."""
 
 
 def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
     """[rows, length, hidden] token states -> [rows, hidden]: the mean or max over real
-    tokens, or the first token's state (``cls``)."""
+    tokens, the first token's state (``cls``) or the last attended token's
+    (``lasttoken``, on either padding side, as sentence-transformers finds it)."""
     mask = attention_mask[..., None].to(states.dtype)
     if mode == "cls":
         return states[:, 0]
+    if mode == "lasttoken":
+        length = attention_mask.shape[1]
+        last = length - 1 - attention_mask.flip(1).argmax(1)
+        return states[torch.arange(states.shape[0], device=states.device), last]
     if mode == "max":
         # sentence-transformers sets padding to -1e9 before the max.
         return torch.where(mask.bool(), states, torch.full_like(states, -1e9)).max(1).values

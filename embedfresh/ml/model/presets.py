@@ -89,9 +89,10 @@ class ModelSpec(BaseModel):
     otherwise. None: the encoder's ``max_position_embeddings``. For ``minilm`` base
     weights it is read from the shipped model's ``sentence_bert_config.json`` (256)."""
 
-    pooling: Literal["cls", "max"] | None = None
+    pooling: Literal["cls", "max", "lasttoken"] | None = None
     """How token states become one vector when not the mean (None): a model whose
-    sentence-transformers Pooling config says ``cls`` or ``max``."""
+    sentence-transformers Pooling config says ``cls``, ``max`` or ``lasttoken`` (a decoder
+    embedding model's last attended token: its EOS)."""
     dense: list[DenseLayer] | None = None
     """Dense modules between pooling and normalisation (sentence-transformers' ``2_Dense``):
     the embedding then has the last one's ``out_features``."""

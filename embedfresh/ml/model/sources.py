@@ -17,8 +17,16 @@ the same way is refused with the reason instead of giving other vectors:
   transformers' ``AutoModel`` builds (RoBERTa/XLM-R, MPNet, DistilBERT, ...) on the
   generic path, pooled by mean, CLS token or max as their Pooling config says, then
   their Dense modules; their ``query`` and ``document`` prompts go before queries and
-  documents as ``encode_query``/``encode_document`` put them; decoders, other pooling
-  modes or modules and a ``default_prompt_name`` are refused by name.
+  documents as ``encode_query``/``encode_document`` put them;
+- decoder embedding models (Qwen2/Qwen3, Mistral, Llama: Qwen3-Embedding, gte-Qwen2,
+  e5-mistral) run on the generic path too, pooled by their last token: the Pooling
+  config's ``lasttoken`` (or, for a plain transformers directory, which has none, the
+  pooling such models are trained with). Their tokenizer must append the EOS token
+  that pooling reads; which side it pads does not matter here: the last attended token is
+  found on either side, and rotary positions give a left-padded text the vectors of a
+  right-padded one;
+- other decoders, other pooling modes or modules and a ``default_prompt_name`` are
+  refused by name.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ ACTIVATIONS = {
 """sentence-transformers' Dense ``activation_function`` names -> ours."""
 DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 """Prompt names sentence-transformers' ``encode_document`` looks for, in its order."""
+DECODER_MODEL_TYPES = ("qwen2", "qwen3", "mistral", "llama")
+"""Decoder architectures embedded here (last-token pooling, rotary positions)."""
 FAST_PATH_MODEL_TYPES = ("bert",)
 """``model_type`` values whose weights load into :class:`~embedfresh.ml.model.encoder.BertEncoder`
 (with absolute positions and exact gelu): the fast path. Any other encoder that
@@ -56,6 +66,10 @@ transformers' ``AutoModel`` builds runs on the generic path."""
 CONVERT_TO_SAFETENSORS = (
     'python -c "from transformers import AutoModel; '
     "AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\""
+)
+SAVE_EOS_TOKENIZER = (
+    'python -c "from transformers import AutoTokenizer; '
+    "AutoTokenizer.from_pretrained('{path}', add_eos_token=True).save_pretrained('{path}')\""
 )
 SAVE_FAST_TOKENIZER = (
     'python -c "from transformers import AutoTokenizer; '
@@ -134,6 +148,7 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
         "pooling_mode_cls": "cls",
         "pooling_mode_max_tokens": "max",
         "pooling_mode_max": "max",
+        "pooling_mode_lasttoken": "lasttoken",
     }
     if config.get("include_prompt") is False:
         raise BadInputError(
@@ -142,7 +157,8 @@ def _pooling(store: ArtifactStore, modules: list[dict[str, Any]]) -> tuple[str, 
         )
     if len(modes) != 1 or modes[0] not in supported:
         raise BadInputError(
-            f"{store.url(rel)}: pooling {modes} is not supported (one of mean, cls or max)"
+            f"{store.url(rel)}: pooling {modes} is not supported (one of mean, cls, max or "
+            "lasttoken)"
         )
     return supported[modes[0]], NORMALIZE in types
 
@@ -207,7 +223,8 @@ def fast_path(config: dict[str, Any]) -> bool:
     )
 
 
-def _check_encoder(root: str, config: dict[str, Any]) -> None:
+def _check_architecture(root: str, config: dict[str, Any]) -> bool:
+    """Refuse an architecture this project cannot embed with; whether it is a decoder."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
         MODEL_MAPPING_NAMES,
@@ -219,9 +236,11 @@ def _check_encoder(root: str, config: dict[str, Any]) -> None:
             f"{root}/config.json: model_type {model_type!r} is not an architecture this "
             "transformers version ships (AutoModel cannot build it)"
         )
+    if model_type in DECODER_MODEL_TYPES and not config.get("is_encoder_decoder"):
+        return True
     # Encoders are the architectures pre-trained as masked language models (BERT,
-    # RoBERTa/XLM-R, MPNet, DistilBERT, DeBERTa, ModernBERT, ...); GPT-style decoders
-    # and encoder-decoders are not.
+    # RoBERTa/XLM-R, MPNet, DistilBERT, DeBERTa, ModernBERT, ...); other decoders
+    # (GPT-2, Falcon, ...) and encoder-decoders are not.
     if (
         model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
         or config.get("is_decoder")
@@ -229,7 +248,40 @@ def _check_encoder(root: str, config: dict[str, Any]) -> None:
     ):
         raise BadInputError(
             f"{root}/config.json: {model_type!r} is a decoder or encoder-decoder model; "
-            "only encoders are supported"
+            f"supported are encoders and the decoders {', '.join(DECODER_MODEL_TYPES)}"
+        )
+    return False
+
+
+def _check_eos(store: ArtifactStore, config: dict[str, Any], tokenizer_json: bytes) -> None:
+    """Last-token pooling reads the EOS token's state: the tokenizer must append it.
+
+    :raises BadInputError: no EOS token named, or the tokenizer does not append it
+        (the command that saves one that does).
+    """
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json.decode())
+    eos = config.get("eos_token_id")
+    ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    named = (_json(store, "tokenizer_config.json") or {}).get("eos_token")
+    if isinstance(named, dict):
+        named = named.get("content")
+    if isinstance(named, str) and tok.token_to_id(named) is not None:
+        ids.add(tok.token_to_id(named))
+    if not ids:
+        raise BadInputError(
+            f"{store.url('config.json')}: last-token pooling reads the EOS token, and "
+            "neither config.json (eos_token_id) nor tokenizer_config.json (eos_token) names one"
+        )
+    probe = tok.encode("an EOS probe", add_special_tokens=True).ids
+    if not probe or probe[-1] not in ids:
+        path = store.url("").removeprefix("file://")
+        raise BadInputError(
+            f"{store.url('tokenizer.json')} does not append the EOS token "
+            f"{sorted(tok.id_to_token(i) or str(i) for i in ids)}: last-token pooling would "
+            "pool each text's last word instead of the token the model was trained to pool. "
+            f"Save a tokenizer that appends it: {SAVE_EOS_TOKENIZER.format(path=path)}"
         )
 
 
@@ -254,7 +306,7 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
             f"{sorted(config.get('auto_map') or {})}): code from a model directory is never "
             "run; use a model whose architecture transformers ships"
         )
-    _check_encoder(root, config)
+    decoder = _check_architecture(root, config)
     if not store.exists("model.safetensors"):
         names = set(store.listdir(""))
         if "pytorch_model.bin" in names or any(n.endswith(".bin") for n in names):
@@ -270,7 +322,9 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
         )
     modules = _json(store, "modules.json")
     if modules is None:
-        kind, pooling, normalize = "transformers", "mean", False
+        # sentence-transformers mean-pools a plain transformers directory; a decoder
+        # embedding model is trained to be read at its last token.
+        kind, pooling, normalize = "transformers", "lasttoken" if decoder else "mean", False
         st_config: dict[str, Any] = {}
         dense, prompts = (), None
     else:
@@ -287,6 +341,14 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
             )
         dense = _dense(store, modules)
         prompts = _prompts(store)
+    tokenizer_json = store.read_bytes("tokenizer.json")
+    if pooling == "lasttoken" and not decoder:
+        raise BadInputError(
+            f"{root}: lasttoken pooling of the encoder {config.get('model_type')!r} is not "
+            f"supported (it is for the decoders {', '.join(DECODER_MODEL_TYPES)})"
+        )
+    if pooling == "lasttoken":
+        _check_eos(store, config, tokenizer_json)
     positions = positions_usable(config)
     max_seq_length = st_config.get("max_seq_length")
     if max_seq_length is None:
@@ -304,7 +366,7 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
         url=root,
         config=config,
         weights=store.read_bytes("model.safetensors"),
-        tokenizer_json=store.read_bytes("tokenizer.json"),
+        tokenizer_json=tokenizer_json,
         max_seq_length=int(max_seq_length),
         pooling=pooling,
         normalize=normalize,
