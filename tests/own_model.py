@@ -4,7 +4,16 @@ own cased WordPiece tokenizer trained on multi-script text, and a ``max_seq_leng
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from embedfresh.core.storage import ArtifactStore
 
 MAX_SEQ_LENGTH = 384
 HIDDEN = 48
@@ -220,3 +229,44 @@ def build_own_decoder(
     )
     st.save(str(directory), safe_serialization=True)
     return directory
+
+
+def last_json(done) -> dict:
+    """The summary a job printed last, after checking it succeeded."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_corpus(store: ArtifactStore, corpus: str, texts: list[str], prefix: str) -> list[str]:
+    """``texts`` as the one part of ``corpus``, with string ids (``prefix`` + a hash)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from embedfresh.core import layout
+
+    ids = [f"{prefix}{hashlib.md5(t.encode()).hexdigest()[:12]}" for t in texts]
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": ids, "text": texts}), sink)
+    store.write_bytes(f"{layout.corpus(corpus)}/part-00000.parquet", sink.getvalue())
+    return ids
+
+
+def embed_and_read(root: str, model: str, version: str, corpus: str) -> tuple[list, np.ndarray]:
+    """Embed and verify ``corpus`` with the jobs; its ids and vectors, in order."""
+    from embedfresh.core import layout
+    from embedfresh.core.parquet import read_parquet
+    from embedfresh.core.storage import ArtifactStore
+    from tests.conftest import run_job
+
+    sets = [f"artifact_root={root}", f"model={model}", f"version={version}", f"corpus={corpus}"]
+    last_json(run_job("embed", *sets))
+    last_json(run_job("embed_verify", *sets))
+    store = ArtifactStore(root)
+    t = read_parquet(store, f"{layout.embeddings(model, version, corpus)}/part-00000.parquet")
+    vectors = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
+    return t.column("id").to_pylist(), vectors
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two sets of vectors."""
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

@@ -8,34 +8,28 @@ of several scripts, most over 64 tokens."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from embedfresh.core import layout
-from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from tests.conftest import DAY1, run_job, write_data
-from tests.own_model import CORPUS, DECODER_MAX_SEQ_LENGTH, EOS, build_own_decoder
+from tests.own_model import (
+    CORPUS,
+    DECODER_MAX_SEQ_LENGTH,
+    EOS,
+    build_own_decoder,
+    cosines,
+    embed_and_read,
+    last_json,
+    write_corpus,
+)
 
 MIN_COSINE = 0.99999
-
-
-def _last_json(done) -> dict:
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def _texts() -> list[str]:
@@ -63,45 +57,36 @@ def test_decoder_embedder_as_sentence_transformers_embeds_it(
     assert (tokens > 64).sum() >= len(texts) // 2 and (tokens > DECODER_MAX_SEQ_LENGTH).any()
     root = f"file://{tmp_path / 'store'}"
     store = ArtifactStore(root)
-    ids = [f"sku-{hashlib.md5(t.encode()).hexdigest()[:10]}" for t in texts]
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"id": ids, "text": texts}), sink)
-    store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
+    ids = write_corpus(store, "catalogue", texts, "sku-")
     common = [f"artifact_root={root}", "model=dec"]
 
-    published = _last_json(run_job("publish_model", *common, f"source={source}"))
+    published = last_json(run_job("publish_model", *common, f"source={source}"))
     assert published["max_seq_length"] == DECODER_MAX_SEQ_LENGTH
     meta = store.read_json(f"{layout.model_version('dec', 'base')}/model.json")
     assert meta["spec"]["pooling"] == "lasttoken"
     assert meta["spec"]["prompts"]["query"].startswith("Instruct: ")
 
-    sets = [*common, "version=base", "corpus=catalogue"]
-    _last_json(run_job("embed", *sets))
-    _last_json(run_job("embed_verify", *sets))
-    part = f"{layout.embeddings('dec', 'base', 'catalogue')}/part-00000.parquet"
-    table = read_parquet(store, part)
-    ours = table.column("embedding").combine_chunks().flatten().to_numpy()
-    ours = ours.reshape(table.num_rows, -1)
-    assert table.column("id").to_pylist() == ids
+    out_ids, ours = embed_and_read(root, "dec", "base", "catalogue")
+    assert out_ids == ids
     report = store.read_json("runs/dec/manual/reports/embed-catalogue.json")
     assert report["truncated"] == int((tokens > DECODER_MAX_SEQ_LENGTH).sum())
-    cos = _cosines(ours, st.encode_document(texts, batch_size=8))
+    cos = cosines(ours, st.encode_document(texts, batch_size=8))
     assert cos.min() >= MIN_COSINE, cos
 
     # Queries as the release's query encoder embeds them: after the model's instruction.
     manifest = store.read_json(f"{layout.embeddings('dec', 'base', 'catalogue')}/_MANIFEST.json")
     encoder = ReleaseEncoder(store, "dec", "base", "catalogue", manifest["settings"])
     queries = [CORPUS[1][:20], "wireless headphones", CORPUS[6]]
-    cos = _cosines(encoder.queries(queries), st.encode_query(queries))
+    cos = cosines(encoder.queries(queries), st.encode_query(queries))
     assert cos.min() >= MIN_COSINE, cos
-    assert _cosines(encoder.queries(queries), st.encode(queries)).min() < 0.9999  # prompt used
+    assert cosines(encoder.queries(queries), st.encode(queries)).min() < 0.9999  # prompt used
 
     # The export is a sentence-transformers directory that gives the job's vectors.
-    _last_json(run_job("export_st", *common, "version=base"))
+    last_json(run_job("export_st", *common, "version=base"))
     copy = local_copy(store, "dec", "base", tmp_path / "export")
     exported = SentenceTransformer(str(copy), device="cpu")
     assert exported.tokenizer.pad_token == EOS
-    assert _cosines(ours, exported.encode_document(texts, batch_size=8)).min() >= MIN_COSINE
+    assert cosines(ours, exported.encode_document(texts, batch_size=8)).min() >= MIN_COSINE
 
 
 def test_a_decoder_trains_evaluates_and_gates_unchanged(tmp_path: Path) -> None:
@@ -113,13 +98,13 @@ def test_a_decoder_trains_evaluates_and_gates_unchanged(tmp_path: Path) -> None:
     write_data(root)
     common = [f"artifact_root={root}", "model=dec"]
     done = run_job("publish_model", *common, f"source={source}")
-    _last_json(done)
+    last_json(done)
     assert "last-token pooling" in done.stderr
     run = [*common, "run_id=r1"]
-    trained = _last_json(run_job("train", *run, f"data_interval_start={DAY1}", "max_steps=3"))
+    trained = last_json(run_job("train", *run, f"data_interval_start={DAY1}", "max_steps=3"))
     assert trained["steps"] == 3 and np.isfinite(trained["final_loss"])
-    assert _last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
-    gated = _last_json(run_job("gate", *run, "refusal_exits=false"))
+    assert last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
+    gated = last_json(run_job("gate", *run, "refusal_exits=false"))
     assert [m["metric"] for m in gated["metrics"]] == ["recall_at_10"]
     assert set(gated["metrics_not_compared"]) == {"accuracy", "auc", "log_loss"}
 
@@ -138,4 +123,4 @@ def test_a_tokenizer_that_does_not_append_eos_is_refused_with_the_fix(tmp_path: 
     code = command.removeprefix('python -c "').removesuffix('"')
     fixed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert fixed.returncode == 0, fixed.stderr
-    _last_json(run_job("publish_model", f"artifact_root={root}", "model=dec", f"source={source}"))
+    last_json(run_job("publish_model", f"artifact_root={root}", "model=dec", f"source={source}"))

@@ -29,7 +29,15 @@ from embedfresh.core import layout
 from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from tests.conftest import DAY1, run_job
-from tests.own_model import CORPUS, MAX_SEQ_LENGTH, build_own_model
+from tests.own_model import (
+    CORPUS,
+    MAX_SEQ_LENGTH,
+    build_own_model,
+    cosines,
+    embed_and_read,
+    last_json,
+    write_corpus,
+)
 
 MIN_COSINE = 0.99999
 
@@ -51,31 +59,12 @@ def own_bert_cls(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_own_model(tmp_path_factory.mktemp("own-cls") / "cls-st", "bert", pooling="cls")
 
 
-def _last_json(done) -> dict:
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _texts(st) -> list[str]:
     """Several scripts; short, over 256 and over 384 tokens of the model's own tokenizer."""
     texts = []
     for i, sentence in enumerate(CORPUS):
         texts += [sentence, " ".join([sentence] * (6 + 2 * i)), " ".join([sentence] * 40)]
     return texts
-
-
-def _embed_and_read(root: str, model: str, version: str, corpus: str) -> tuple[list, np.ndarray]:
-    sets = [f"artifact_root={root}", f"model={model}", f"version={version}", f"corpus={corpus}"]
-    _last_json(run_job("embed", *sets))
-    _last_json(run_job("embed_verify", *sets))
-    store = ArtifactStore(root)
-    t = read_parquet(store, f"{layout.embeddings(model, version, corpus)}/part-00000.parquet")
-    vectors = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
-    return t.column("id").to_pylist(), vectors
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def test_own_model_published_embedded_and_exported_like_sentence_transformers(
@@ -92,14 +81,11 @@ def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     tokens = np.array([len(t) for t in st.tokenizer(texts, truncation=False)["input_ids"]])
     assert (tokens > 256).sum() >= 4 and (tokens > MAX_SEQ_LENGTH).sum() >= 4, tokens
     assert ((tokens > 256) & (tokens <= MAX_SEQ_LENGTH)).sum() >= 2, tokens
-    ids = [f"acme-{hashlib.md5(t.encode()).hexdigest()[:12]}" for t in texts]
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"id": ids, "text": texts}), sink)
-    store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
+    ids = write_corpus(store, "catalogue", texts, "acme-")
     common = [f"artifact_root={root}", "model=acme"]
 
     # Publish: a committed version with the model's own tokenizer, made production.
-    published = _last_json(run_job("publish_model", *common, f"source={own_model}"))
+    published = last_json(run_job("publish_model", *common, f"source={own_model}"))
     assert published["production"] == "base" and published["max_seq_length"] == MAX_SEQ_LENGTH
     version_dir = layout.model_version("acme", "base")
     assert (
@@ -109,11 +95,11 @@ def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     registry = store.read_json(layout.registry("acme"))
     assert registry["history"][0]["verdict"] == "BASE"
     # A re-run finds it published; another source under the same name is refused.
-    assert _last_json(run_job("publish_model", *common, f"source={own_model}"))["version"] == "base"
+    assert last_json(run_job("publish_model", *common, f"source={own_model}"))["version"] == "base"
     # The same model at another path is the same model; another one is refused.
     same = tmp_path / "same"
     shutil.copytree(own_model, same)
-    assert _last_json(run_job("publish_model", *common, f"source={same}"))["version"] == "base"
+    assert last_json(run_job("publish_model", *common, f"source={same}"))["version"] == "base"
     other = _variant(
         own_model,
         tmp_path / "other",
@@ -123,22 +109,22 @@ def test_own_model_published_embedded_and_exported_like_sentence_transformers(
     assert again.returncode == 2 and "already exists from another source" in again.stderr
 
     # Embed with the base version: sentence-transformers' vectors at its own 384 tokens.
-    out_ids, ours = _embed_and_read(root, "acme", "base", "catalogue")
+    out_ids, ours = embed_and_read(root, "acme", "base", "catalogue")
     assert out_ids == ids
     report = store.read_json("runs/acme/manual/reports/embed-catalogue.json")
     assert report["max_length"] == MAX_SEQ_LENGTH and report["forward"] == "padded"
     assert report["truncated"] == int((tokens > MAX_SEQ_LENGTH).sum())
-    cos = _cosines(ours, st.encode(texts, batch_size=8))
+    cos = cosines(ours, st.encode(texts, batch_size=8))
     assert cos.min() >= MIN_COSINE, cos.min()
 
     # Its sentence-transformers export reproduces the job's vectors.
-    _last_json(run_job("export_st", *common, "version=base"))
+    last_json(run_job("export_st", *common, "version=base"))
     copy = local_copy(store, "acme", "base", tmp_path / "base-st")
     tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # as tokenizer.json says
     assert json.loads((copy / "config.json").read_text())["model_type"] == "distilbert"
     exported = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
-    assert _cosines(ours, exported).min() >= MIN_COSINE
+    assert cosines(ours, exported).min() >= MIN_COSINE
 
 
 def test_own_model_through_the_refresh_dag(
@@ -160,7 +146,7 @@ def test_own_model_through_the_refresh_dag(
     common = [f"artifact_root={root}", "model=acme"]
     # A random encoder: its own base learning rates, fine-tuned at a tenth of them.
     rates = ["encoder_learning_rate=0.01", "head_learning_rate=0.01"]
-    _last_json(run_job("publish_model", *common, f"source={own_model}", *rates))
+    last_json(run_job("publish_model", *common, f"source={own_model}", *rates))
 
     conf = {"model": "acme", "gate_metrics": ["recall_at_10", "accuracy"], "epochs": 2}
     run = run_dag(source, tmp_path, request, conf=conf)
@@ -201,10 +187,10 @@ def test_own_model_through_the_refresh_dag(
         .column("text")
         .to_pylist()
     )
-    _last_json(run_job("export_st", *common, f"version={run_id}"))
+    last_json(run_job("export_st", *common, f"version={run_id}"))
     copy = local_copy(store, "acme", run_id, tmp_path / "released-st")
     theirs = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=32)
-    assert _cosines(ours, theirs).min() >= MIN_COSINE
+    assert cosines(ours, theirs).min() >= MIN_COSINE
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +211,7 @@ def test_int8_of_an_encoder_the_quantiser_cannot_handle_is_refused_before_any_wr
     pq.write_table(pa.table({"id": [f"sku-{i}" for i in range(len(texts))], "text": texts}), sink)
     store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
     common = [f"artifact_root={root}", "model=acme-mpnet"]
-    _last_json(run_job("publish_model", *common, f"source=file://{own_mpnet}", "version=v0"))
+    last_json(run_job("publish_model", *common, f"source=file://{own_mpnet}", "version=v0"))
     done = run_job("embed", *common, "version=v0", "corpus=catalogue", "quantize=int8")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "cannot quantise this encoder" in done.stderr and "quantize=bf16" in done.stderr
@@ -255,19 +241,19 @@ def test_own_bert_model_with_its_own_tokenizer_and_pooling(
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "text": texts}), sink)
     store.write_bytes(f"{layout.corpus('catalogue')}/part-00000.parquet", sink.getvalue())
     common = [f"artifact_root={root}", "model=acme-bert"]
-    _last_json(run_job("publish_model", *common, f"source=file://{own_bert}", "version=v0"))
-    out_ids, ours = _embed_and_read(root, "acme-bert", "v0", "catalogue")
+    last_json(run_job("publish_model", *common, f"source=file://{own_bert}", "version=v0"))
+    out_ids, ours = embed_and_read(root, "acme-bert", "v0", "catalogue")
     assert out_ids == ids
     report = store.read_json("runs/acme-bert/manual/reports/embed-catalogue.json")
     assert report["forward"] == forward and report["max_length"] == MAX_SEQ_LENGTH
-    assert _cosines(ours, st.encode(texts, batch_size=8)).min() >= MIN_COSINE
-    _last_json(run_job("export_st", *common, "version=v0"))
+    assert cosines(ours, st.encode(texts, batch_size=8)).min() >= MIN_COSINE
+    last_json(run_job("export_st", *common, "version=v0"))
     copy = local_copy(store, "acme-bert", "v0", tmp_path / "v0-st")
     tok_cfg = json.loads((copy / "tokenizer_config.json").read_text())
     if model != "own_mpnet":  # BERT's tokenizer config: cased, as the model's own tokenizer
         assert tok_cfg["do_lower_case"] is False
     exported = SentenceTransformer(str(copy), device="cpu").encode(texts, batch_size=8)
-    assert _cosines(ours, exported).min() >= MIN_COSINE
+    assert cosines(ours, exported).min() >= MIN_COSINE
 
 
 def test_dense_module_and_prompts_as_sentence_transformers_has_them(tmp_path: Path) -> None:
@@ -286,27 +272,27 @@ def test_dense_module_and_prompts_as_sentence_transformers_has_them(tmp_path: Pa
     store = ArtifactStore(root)
     st = SentenceTransformer(str(source), device="cpu")
     common = [f"artifact_root={root}", "model=acme-dense"]
-    _last_json(run_job("publish_model", *common, f"source={source}"))
+    last_json(run_job("publish_model", *common, f"source={source}"))
     texts = read_parquet(store, f"{layout.corpus('products')}/part-00000.parquet")
     texts = texts.column("text").to_pylist()
-    _, ours = _embed_and_read(root, "acme-dense", "base", "products")
+    _, ours = embed_and_read(root, "acme-dense", "base", "products")
     assert ours.shape == (len(texts), 32)
     report = store.read_json("runs/acme-dense/manual/reports/embed-products.json")
     assert report["forward"] == "padded"
-    assert _cosines(ours, st.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
+    assert cosines(ours, st.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
     # The prompt matters: without it the vectors differ (a negative control).
-    assert _cosines(ours, st.encode(texts, batch_size=32)).min() < 0.9999
+    assert cosines(ours, st.encode(texts, batch_size=32)).min() < 0.9999
 
-    _last_json(run_job("export_st", *common, "version=base"))
+    last_json(run_job("export_st", *common, "version=base"))
     copy = local_copy(store, "acme-dense", "base", tmp_path / "dense-export")
     exported = SentenceTransformer(str(copy), device="cpu")
     assert exported.prompts.get("document") == "passage: "
-    assert _cosines(ours, exported.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
+    assert cosines(ours, exported.encode_document(texts, batch_size=32)).min() >= MIN_COSINE
 
     run = [*common, "run_id=r1"]
     trained = run_job("train", *run, f"data_interval_start={DAY1}", "max_steps=3")
-    assert _last_json(trained)["steps"] == 3
-    assert _last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
+    assert last_json(trained)["steps"] == 3
+    assert last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
 
 
 def _variant(src: Path, dest: Path, edit) -> Path:
@@ -391,13 +377,13 @@ def test_own_model_from_s3_into_an_s3_store(own_bert: Path, s3_root: str) -> Non
             s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
     common = [f"artifact_root={s3_root}", "model=acme"]
     source = f"s3://{bucket}/incoming/acme-st"
-    published = _last_json(run_job("publish_model", *common, f"source={source}"))
+    published = last_json(run_job("publish_model", *common, f"source={source}"))
     assert published["production"] == "base" and published["max_seq_length"] == MAX_SEQ_LENGTH
     sets = [*common, "version=base", "corpus=products"]
-    first = _last_json(run_job("embed", *sets))
+    first = last_json(run_job("embed", *sets))
     assert first["shards_skipped"] == [] and first["rows"] > 0
-    _last_json(run_job("embed_verify", *sets))
-    again = _last_json(run_job("embed", *sets))
+    last_json(run_job("embed_verify", *sets))
+    again = last_json(run_job("embed", *sets))
     assert again["shards_done"] == [] and again["shards_skipped"] == first["shards_done"]
 
 
@@ -483,11 +469,11 @@ def test_publish_killed_before_promotion_is_finished_by_a_plain_rerun(
     root = f"file://{tmp_path / 'store'}"
     store = ArtifactStore(root)
     common = [f"artifact_root={root}", "model=acme", f"source={own_bert}"]
-    first = _last_json(run_job("publish_model", *common, "production=false"))
+    first = last_json(run_job("publish_model", *common, "production=false"))
     assert first["production"] is None and not store.exists(layout.registry("acme"))
     commit = Path(store.path(f"{layout.model_version('acme', 'base')}/COMMIT"))
     before = commit.stat().st_mtime_ns
-    rerun = _last_json(run_job("publish_model", *common))
+    rerun = last_json(run_job("publish_model", *common))
     assert rerun["production"] == "base"
     assert commit.stat().st_mtime_ns == before  # the version was not written again
     history = store.read_json(layout.registry("acme"))["history"]
