@@ -38,21 +38,24 @@ def rss_mib() -> tuple[float, float]:
     return peak, peak
 
 
-MMAP_THRESHOLD_BYTES = 128 * 1024
-"""glibc's own initial threshold, kept fixed (see :func:`return_freed_tensors`)."""
+MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
+"""Blocks of this size and more are mapped on their own (see :func:`return_freed_tensors`)."""
 _M_MMAP_THRESHOLD = -3  # <malloc.h>
 
 
 def return_freed_tensors() -> bool:
-    """Keep glibc's malloc mapping every block of 128 KiB or more on its own, so that a
-    freed tensor's memory goes back to the system at once. True when set.
+    """Keep glibc's malloc mapping every block of 4 MiB or more on its own, so that a
+    freed activation's memory goes back to the system at once. True when set.
 
-    glibc starts at that threshold but raises it (up to 32 MiB) each time such a block is
-    freed; from then on activations come from the heap, and a step whose tensors have
+    glibc starts at a 128 KiB threshold but raises it (up to 32 MiB) each time such a block
+    is freed; from then on activations come from the heap, and a step whose tensors have
     other lengths than the last one's cannot reuse the holes they left. Training
     all-mpnet-base-v2's shape with batches of varying length peaked at 10.4 GiB RSS with
-    the moving threshold and 6.1 GiB with it fixed, at the same step time
-    (docs/BENCHMARKS.md, "Training memory"). ``mallopt`` is glibc's public interface;
+    the moving threshold, 6.1 GiB with it fixed at 128 KiB, 5.9 at 1 MiB and 6.75 at 4 MiB
+    (1.39x weights, gradients, AdamW and one batch's activations). A low threshold costs
+    small models: the tiny config trained at 225-250 samples/s with 128 KiB, 291-347 with
+    1 MiB, 335-348 with 4 MiB and 332-415 unchanged (2 runs each, 2026-11-29,
+    docs/BENCHMARKS.md "Training memory"). ``mallopt`` is glibc's public interface;
     elsewhere (musl, macOS) nothing is changed."""
     if not sys.platform.startswith("linux"):
         return False

@@ -207,7 +207,7 @@ class TrainingRun:
         cfg, backend, plan = self.cfg, self.backend, self.plan
         if return_freed_tensors():
             log.info(
-                "malloc: blocks of 128 KiB and more are mapped on their own, so each step's "
+                "malloc: blocks of 4 MiB and more are mapped on their own, so each step's "
                 "freed activations go back to the system (glibc mallopt M_MMAP_THRESHOLD)"
             )
         tokenizer = TextTokenizer(self.tokenizer_json, self.spec.max_length, self.spec.prompts)
