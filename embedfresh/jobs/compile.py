@@ -51,6 +51,7 @@ from embedfresh.core.config import CompileConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.partitions import partition_days
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.backends import sharding_refusal
 from embedfresh.ml.compile import modes, torch_cache
 from embedfresh.ml.compile.key import cache_key, key_parts
 from embedfresh.ml.compile.launch import Launch, Ranks, child_env, free_port, join
@@ -72,7 +73,9 @@ def compile_job(cfg: CompileConfig) -> dict[str, Any]:
     store = ArtifactStore(cfg.artifact_root)
     cache = cache_root(cfg)
     backend = modes.resolve_backend(cfg.backend)
-    mode = modes.resolve_mode(cfg.compile, backend, cfg.model)
+    if cfg.parallelism != "ddp" and (refusal := sharding_refusal(backend)):
+        raise BadInputError(refusal)  # the run it would trace cannot run here
+    mode = modes.resolve_mode(cfg.compile, backend, cfg.model, cfg.parallelism)
     # The train job's very call: the key of this launch's world size.
     key = cache_key(cfg, backend, mode)
     entry = layout.compile_cache(backend, key)

@@ -48,13 +48,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             return summary(published, run.report_url)
         # Start weights (cfg.init) or the newest valid checkpoint, then the loop.
         fitted = run.fit()
+        weights = run.final_weights(fitted)  # every rank: a sharded model gathers to rank 0
         if not run.backend.is_main:  # rank 0 alone publishes the version and the report
             return {"status": "ok", "rank": run.backend.rank, "steps": run.plan.total}
         # The report goes first: the version's COMMIT is the run's last write, so a run
         # killed between the two is finished by a plain re-run (it resumes and publishes).
         report = run.report(fitted, run.version_url)
         run.store.write_json(run.report_rel, report)
-        run.publish(fitted)
+        run.publish(fitted, weights)
         return summary(report, run.report_url)
 
 

@@ -13,6 +13,16 @@ LR schedule, RNG states: plain tensors and containers, loaded with
 ``meta.json`` (step, data position, config hash). ``COMMIT`` is written last and lists
 the checksums; a directory without a valid one does not exist as far as loading goes.
 Tensors are saved from CPU, so a checkpoint written on any backend loads on any other.
+
+A sharded run (``parallelism`` fsdp or hsdp) checkpoints with the same protocol
+(:meth:`CheckpointManager.save_sharded`): every rank writes its shards of the weights
+and optimizer state through ``torch.distributed.checkpoint`` into the store
+(:mod:`embedfresh.ml.parallel.store_dcp`: ``rank-NNNNN.distcp`` and ``dcp-metadata.json``
+in place of ``model.safetensors``), rank 0 then writes ``state.pt`` (schedule, RNG
+states, the optimizer's hyperparameters) and ``meta.json``, and last the ``COMMIT`` that
+lists every rank's files with size and sha256. Loading such a checkpoint
+(:meth:`CheckpointManager.read_shards`) reshards through DCP: a run of another world
+size resumes from it.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import io
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +49,25 @@ _STEP_DIR = re.compile(r"step-(\d{8})")
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
+#: ``meta.json``'s ``format`` of a checkpoint whose weights and optimizer state are shards
+#: (``torch.distributed.checkpoint``); absent: whole weights in ``model.safetensors``.
+SHARDED = "dcp"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A committed checkpoint as read: ``weights`` is None for a sharded one, whose
+    shards load into the sharded model itself (:meth:`CheckpointManager.read_shards`)."""
+
     step: int
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor] | None
     state: dict[str, Any]
     meta: dict[str, Any]
     url: str
+
+    @property
+    def sharded(self) -> bool:
+        return self.meta.get("format") == SHARDED
 
 
 def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -167,6 +188,81 @@ class CheckpointManager:
         self._purge(keep_from=step)
         return self.store.url(directory)
 
+    def save_sharded(
+        self,
+        step: int,
+        shards: dict[str, Any],
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        rank: int,
+        gather: Callable[[Any], list[Any]],
+        last_step: bool = False,
+        force: bool = False,
+    ) -> str | None:
+        """:meth:`save` for a sharded run; every rank calls it with the same step.
+
+        Every rank writes its ``shards`` (the sharded weights and optimizer state: DTensors,
+        tensors only) with ``torch.distributed.checkpoint`` into the checkpoint's folder;
+        once all have, rank 0 writes ``state`` and ``meta`` (``format`` added) and then
+        the ``COMMIT`` marker listing every file of every rank, then purges stale
+        checkpoints. Returns the URL on rank 0, None on the others and when not due.
+        """
+        if not (self.due(step, last_step) or (force and not last_step)):
+            return None
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415 - sharded runs only
+
+        from embedfresh.ml.parallel.store_dcp import StoreWriter  # noqa: PLC0415
+
+        directory = layout.checkpoint(self.model, self.run_id, step)
+        # An earlier attempt that died in this very step left no marker: overwriting is safe.
+        writer = StoreWriter(self.store, directory)
+        dcp.save(shards, storage_writer=writer)
+        listing = gather(writer.files)  # every rank's files, once every rank wrote them
+        if rank != 0:
+            return None
+        buf = io.BytesIO()
+        torch.save(to_cpu(state), buf)
+        files = {
+            STATE: buf.getvalue(),
+            META: json.dumps(
+                {**meta, "format": SHARDED, "step": step, "config_hash": self.config_hash},
+                sort_keys=True,
+            ).encode(),
+        }
+        for name, data in files.items():
+            self.store.write_bytes(f"{directory}/{name}", data)
+        written: dict[str, bytes | tuple[str, int]] = dict(files)
+        for rank_files in listing:
+            written.update(rank_files)
+        markers.write_marker(
+            self.store, directory, written, meta={"step": step, "config_hash": self.config_hash}
+        )
+        self._purge(keep_from=step)
+        return self.store.url(directory)
+
+    def read_shards(self, checkpoint: Checkpoint, shards: dict[str, Any]) -> None:
+        """Load a sharded checkpoint into ``shards`` in place (the state dicts of this
+        run's sharded model and optimizer, DTensors of this run's mesh, which may differ
+        from the one that saved it: DCP reshards). Every rank calls it."""
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415 - sharded runs only
+
+        from embedfresh.ml.parallel.store_dcp import StoreReader  # noqa: PLC0415
+
+        directory = layout.checkpoint(self.model, self.run_id, checkpoint.step)
+        dcp.load(shards, storage_reader=StoreReader(self.store, directory))
+
+    def latest_meta(self) -> dict[str, Any] | None:
+        """``meta.json`` of the newest committed checkpoint (not verified), or None: how a
+        run tells, before its first write, which kind of checkpoint it would resume."""
+        for step in reversed(self.committed_steps()):
+            rel = f"{layout.checkpoint(self.model, self.run_id, step)}/{META}"
+            try:
+                return {**json.loads(self.store.read_bytes(rel)), "url": self.store.url(rel)}
+            except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+                continue
+        return None
+
     def _purge(self, keep_from: int) -> None:
         # Count only checkpoints up to the one just saved: a newer one left by an earlier
         # attempt (skipped as corrupt on resume) must not push the fresh one out.
@@ -215,7 +311,9 @@ class CheckpointManager:
             return None
         try:
             meta = json.loads(self.store.read_bytes(f"{directory}/{META}"))
-            weights = load_weights_bytes(self.store.read_bytes(f"{directory}/{WEIGHTS}"))
+            weights = None  # a sharded checkpoint's load into the sharded model
+            if meta.get("format") != SHARDED:
+                weights = load_weights_bytes(self.store.read_bytes(f"{directory}/{WEIGHTS}"))
             state = torch.load(
                 io.BytesIO(self.store.read_bytes(f"{directory}/{STATE}")),
                 map_location="cpu",

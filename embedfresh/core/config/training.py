@@ -83,6 +83,25 @@ class TrainConfig(JobConfig):
     benchmark measured faster for this backend and model config
     (:data:`embedfresh.ml.compile.modes.COMPILE_DEFAULTS`). With it on, the train job restores
     the compile job's cache entry first. xla/neuron always trace and compile graphs."""
+    parallelism: Literal["ddp", "fsdp", "hsdp"] = "ddp"
+    """How the ranks of a launch split the model. ``ddp``: each rank holds the whole
+    model, its gradients and AdamW state (16 bytes a parameter in fp32) and gradients are
+    all-reduced. ``fsdp``: parameters, gradients and optimizer state sharded over every
+    rank (FSDP2, a unit per transformer block and the root), about 1/N of that a rank.
+    ``hsdp``: sharded within groups of ``shard_size`` ranks (a node), replicated across
+    groups. fsdp and hsdp need several ranks and checkpoint with
+    torch.distributed.checkpoint, so a run resumes under another world size (keep the
+    global batch, ``batch_size`` x ranks)."""
+    shard_size: int | None = Field(default=None, ge=1)
+    """hsdp: ranks of one shard group; None: the processes of one node
+    (torchrun's ``LOCAL_WORLD_SIZE``). The world size must be a multiple of it."""
+    mixed_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """fsdp/hsdp: the dtype parameters are gathered in for forward and backward; gradients
+    are reduced and the sharded master weights kept in fp32. ``auto``: bf16 on cuda,
+    fp32 elsewhere. (ddp runs under the backend's autocast instead.)"""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations during backward instead of keeping
+    them: less memory per batch for about a third more compute; the math is unchanged."""
     neuron_cc_flags: str = DEFAULT_NEURON_CC_FLAGS
     """``NEURON_CC_FLAGS`` of the neuron backend; the compile job's trial run and the
     real run get the same value (and the same ``NEURON_COMPILE_CACHE_URL``)."""
@@ -117,6 +136,23 @@ class TrainConfig(JobConfig):
             raise ValueError("init=version needs init_version (the version to start from)")
         if self.init_version is not None and self.init == "auto":
             object.__setattr__(self, "init", "version")
+        return self
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> TrainConfig:
+        sharded = self.parallelism != "ddp"
+        if self.shard_size is not None and self.parallelism != "hsdp":
+            raise ValueError(f"shard_size applies to parallelism=hsdp, not {self.parallelism}")
+        if self.mixed_precision != "auto" and not sharded:
+            raise ValueError(
+                "mixed_precision applies to parallelism=fsdp or hsdp (ddp computes under "
+                "the backend's autocast): leave it auto"
+            )
+        if sharded and self.compile == "on":
+            raise ValueError(
+                f"compile=on with parallelism={self.parallelism}: the sharded step is not "
+                "compiled here; set compile=off (or auto) or parallelism=ddp"
+            )
         return self
 
     @model_validator(mode="after")

@@ -19,6 +19,11 @@ processes it starts; nothing in the product does):
     somewhere else).
 
 A point is logged before the kill, so the killed run's log ends with it.
+
+Under torchrun with several ranks (``WORLD_SIZE`` > 1) each rank counts its own writes
+and its points are named ``rank<R>: <n> <op> <path>`` (``RANK``): the ranks of one job
+share one log, and a point names the rank it kills (a sharded checkpoint's shards are
+written by every rank).
 """
 
 from __future__ import annotations
@@ -33,9 +38,18 @@ _count = 0
 _pid = 0
 
 
-def point_name(n: int, op: str, rel: str) -> str:
-    """The point's name: what the log records and :data:`FAULT_POINT` takes."""
-    return f"{n} {op} {rel.strip('/')}"
+def point_name(n: int, op: str, rel: str, rank: int | None = None) -> str:
+    """The point's name: what the log records and :data:`FAULT_POINT` takes; ``rank``:
+    this process's global rank when it is one of several (:func:`process_rank`)."""
+    name = f"{n} {op} {rel.strip('/')}"
+    return name if rank is None else f"rank{rank}: {name}"
+
+
+def process_rank() -> int | None:
+    """This process's global rank under a launch of several ranks, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 def after_write(op: str, rel: str) -> None:
@@ -47,12 +61,18 @@ def after_write(op: str, rel: str) -> None:
     if _pid != os.getpid():  # a forked child counts its own writes
         _count, _pid = 0, os.getpid()
     _count += 1
-    name = point_name(_count, op, rel)
+    rank = process_rank()
+    name = point_name(_count, op, rel, rank)
     if log_path:
         with open(log_path, "a", encoding="utf-8") as f:
             f.write(name + "\n")
     if not target:
         return
+    if rank is not None:  # another rank's point is not this process's business
+        owner, _, target = target.partition(": ")
+        if owner != f"rank{rank}":
+            return
+        name = point_name(_count, op, rel)
     n, _, _ = target.partition(" ")
     if int(n) != _count:
         return

@@ -31,6 +31,7 @@ __all__ = [
     "get_backend",
     "register_backend",
     "resolve_name",
+    "sharding_refusal",
     "unregister_backend",
 ]
 
@@ -109,6 +110,12 @@ def resolve_name(name: str) -> str:
     if name not in _registry:
         raise BadInputError(_unknown(name))
     return name
+
+
+def sharding_refusal(name: str) -> str | None:
+    """Why the registered backend ``name`` cannot shard a model (fsdp, hsdp), or None,
+    asked before it is built (:meth:`Backend.sharding_refusal`)."""
+    return _implementation(resolve_name(name)).sharding_refusal(resolve_name(name))
 
 
 def get_backend(name: str) -> Backend:

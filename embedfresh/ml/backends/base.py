@@ -46,6 +46,12 @@ class Backend(abc.ABC):
         :raises BadInputError: the device ``name`` needs is not usable here.
         """
 
+    @classmethod
+    def sharding_refusal(cls, name: str) -> str | None:
+        """Why backend ``name`` cannot train with ``parallelism`` fsdp or hsdp (FSDP2 on
+        its device mesh), naming the route that does; None: it can. Eager PyTorch can."""
+        return None
+
     @property
     def static_shapes(self) -> bool:
         """Whether every batch must keep one shape (padded to ``max_length``): under

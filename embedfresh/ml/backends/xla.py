@@ -65,6 +65,26 @@ class XlaBackend(Backend):
         self.world_size = xr.world_size()
         self.rank = xr.global_ordinal()
 
+    @classmethod
+    def sharding_refusal(cls, name: str) -> str | None:
+        """FSDP2 (``fully_shard`` on a device mesh) does not run on torch-xla's devices;
+        each has its own route to sharded training (docs/SCALING.md)."""
+        if name == "neuron":
+            return (
+                "parallelism=fsdp/hsdp is FSDP2, which backend 'neuron' (torch-xla with the "
+                "Neuron PJRT plugin, trn1/inf2) cannot run: there the route is NeuronX "
+                "Distributed (neuronx_distributed: ZeRO-1 optimizer-state sharding with "
+                "tensor parallelism), which this backend does not drive, and on trn2/trn3 "
+                "native TorchNeuron runs FSDP2 as the cuda backend does (torch 2.13+, not "
+                "this torch-xla 2.9 line). Use parallelism=ddp on neuron (docs/SCALING.md)"
+            )
+        return (
+            f"parallelism=fsdp/hsdp is FSDP2, which backend {name!r} (torch-xla) cannot run: "
+            "torch-xla's own route is torch_xla.distributed.fsdp (XlaFullyShardedDataParallel) "
+            "or SPMD sharding, which this backend does not drive. Use parallelism=ddp, or "
+            "backend cpu/cuda for fsdp (docs/SCALING.md)"
+        )
+
     @property
     def static_shapes(self) -> bool:
         """Always: every new shape is a new graph to compile (minutes on Neuron)."""

@@ -29,10 +29,6 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.compile.launch import launch_world_size
 from embedfresh.ml.model import versions
 
-#: The parallelism of a run with several ranks today: DistributedDataParallel (each rank
-#: a whole replica). A sharded mode (FSDP/HSDP) traces other graphs: it joins the key.
-DDP = "ddp"
-
 #: Distributions whose version changes generated code, where installed.
 _LIBRARIES = ("torch", "torch-xla", "torch-neuronx", "neuronx-cc", "triton")
 
@@ -75,16 +71,19 @@ def key_parts(
     mode: str,
     *,
     world_size: int | None = None,
-    parallelism: str = DDP,
+    parallelism: str | None = None,
 ) -> dict[str, Any]:
     """Everything the key hashes, as the compile report shows it.
 
     :param world_size: ranks of the run; None: this process's launch
         (:func:`launch_world_size`), what both jobs pass.
-    :param parallelism: how the ranks split the model (:data:`DDP`).
+    :param parallelism: how the ranks split the model (ddp replicas, fsdp or hsdp
+        shards: other graphs); None: the config's ``parallelism``, what both jobs pass.
     """
     if world_size is None:
         world_size = launch_world_size()
+    if parallelism is None:
+        parallelism = cfg.parallelism
     spec, _ = versions.resolve_model(ArtifactStore(cfg.artifact_root), cfg.model)
     return {
         "model": cfg.model,
@@ -110,7 +109,7 @@ def cache_key(
     mode: str,
     *,
     world_size: int | None = None,
-    parallelism: str = DDP,
+    parallelism: str | None = None,
 ) -> str:
     """The compile-cache key of a run: short hex digest of :func:`key_parts`."""
     return digest(key_parts(cfg, backend, mode, world_size=world_size, parallelism=parallelism))

@@ -34,13 +34,17 @@ def resolve_backend(name: str) -> str:
     return resolve_name(name)
 
 
-def resolve_mode(compile_setting: str, backend: str, model: str) -> str:
+def resolve_mode(compile_setting: str, backend: str, model: str, parallelism: str = "ddp") -> str:
     """The compile mode of a run: :data:`TORCH_COMPILE` or :data:`EAGER` on cpu/cuda,
-    :data:`XLA_TRACE` on xla, :data:`NEURON_PARALLEL_COMPILE` on neuron."""
+    :data:`XLA_TRACE` on xla, :data:`NEURON_PARALLEL_COMPILE` on neuron. A sharded run
+    (``parallelism`` fsdp or hsdp) is eager: its step is not compiled here
+    (``compile=on`` with it is refused by the config)."""
     if backend == "xla":
         return XLA_TRACE
     if backend == "neuron":
         return NEURON_PARALLEL_COMPILE
+    if parallelism != "ddp":
+        return EAGER
     if compile_setting == "on":
         return TORCH_COMPILE
     if compile_setting == "off":

@@ -7,20 +7,23 @@ so a version is self-contained: evaluation and embedding need nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from embedfresh.core import layout, markers
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.inputs import check_model, check_version
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes, weights_bytes
+from embedfresh.ml.checkpoint import cpu_state_dict, load_weights_bytes
 from embedfresh.ml.model.encoder import BertEncoder
 from embedfresh.ml.model.presets import (
     PRESET_NAMES,
@@ -99,7 +102,12 @@ def publish(
 ) -> str:
     """Write a version and commit it. An existing committed version is never replaced.
 
-    ``tokenizer_json``: the model's own tokenizer; None: the presets' (MiniLM's)."""
+    ``tokenizer_json``: the model's own tokenizer; None: the presets' (MiniLM's).
+
+    The weights are serialised straight from the tensors' memory into a local file and
+    uploaded from it, hashed as they are read: publishing holds no second copy of them
+    (in bytes), which is what lets the whole weights of a model sharded over many
+    devices be published from one host's memory."""
     directory = layout.model_version(spec.name, version)
     existing = markers.read_marker(store, directory)
     if existing is not None:
@@ -108,16 +116,22 @@ def publish(
             "(choose another version name)"
         )
     files = {
-        WEIGHTS: weights_bytes(weights),
         SPEC: json.dumps(
             {"spec": spec.model_dump(mode="json"), **meta}, indent=2, sort_keys=True
         ).encode(),
         TOKENIZER: tokenizer_json if tokenizer_json is not None else tokenizer_file().read_bytes(),
     }
-    markers.publish(
+    with tempfile.TemporaryDirectory(prefix="embedfresh-version-") as tmp:
+        local = os.path.join(tmp, WEIGHTS)
+        save_file({k: v.contiguous() for k, v in weights.items()}, local)
+        listed: dict[str, bytes | tuple[str, int]] = {WEIGHTS: _file_digest(local)}
+        store.put_file(local, f"{directory}/{WEIGHTS}")
+    for name, data in files.items():
+        store.write_bytes(f"{directory}/{name}", data)
+    markers.write_marker(
         store,
         directory,
-        files,
+        {**listed, **files},
         meta={
             "model": spec.name,
             "version": version,
@@ -125,6 +139,16 @@ def publish(
         },
     )
     return store.url(directory)
+
+
+def _file_digest(path: str) -> tuple[str, int]:
+    """(sha256, size) of a local file, read a block at a time."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 def load(store: ArtifactStore, model: str, version: str) -> ModelVersion:

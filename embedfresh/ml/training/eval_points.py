@@ -29,6 +29,9 @@ class EvalPoints:
 
     :param curve: the run's evaluation curve (``TrainState.eval_curve``), appended to
         in place; a point evaluated again after a resume replaces its entry.
+
+    A sharded model evaluates on every rank at once (each forward gathers the blocks'
+    shards), so every rank calls it; rank 0 alone writes the report and the curve.
     """
 
     def __init__(
@@ -65,6 +68,8 @@ class EvalPoints:
             set_rng_state(saved, self.backend)
             model.train()
         self.compiles += self.backend.compiles() - compiles_before
+        if not self.backend.is_main:
+            return
         cfg, name = self.cfg, layout.eval_step_report(done)
         outcomes = write_outcomes(self.store, cfg.model, cfg.run_id, name, tables)
         seconds = time.perf_counter() - started

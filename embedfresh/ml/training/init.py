@@ -75,7 +75,7 @@ def prepare_compile(cfg: TrainConfig, backend_name: str) -> dict[str, Any]:
     """Before the backend starts: Neuron's compile environment (the one the compile job
     gave its trial), or the torch.compile cache entry restored. Returns the report's
     ``compile`` section."""
-    mode = resolve_mode(cfg.compile, backend_name, cfg.model)
+    mode = resolve_mode(cfg.compile, backend_name, cfg.model, cfg.parallelism)
     info: dict[str, Any] = {"mode": mode}
     if mode == modes.NEURON_PARALLEL_COMPILE:
         env = neuron_env(cfg)

@@ -31,6 +31,7 @@ from embedfresh.core.progress import Progress
 from embedfresh.ml.backends import Backend
 from embedfresh.ml.checkpoint import CheckpointManager, cpu_state_dict
 from embedfresh.ml.model.relevance import RelevanceModel, in_batch_contrastive
+from embedfresh.ml.parallel.sharding import sharded_state
 from embedfresh.ml.training.data import RankBatches, TrainingSet
 from embedfresh.ml.training.eval_points import EvalPoints
 from embedfresh.ml.training.plan import TrainPlan
@@ -86,7 +87,10 @@ class Trainer:
     :param forward: ``model.score_and_embed``, possibly wrapped (data parallel,
         ``torch.compile``); ``model`` is the module whose parameters it trains.
     :param checkpoints: offered every step; it decides which ones it saves.
-    :param evaluator: evaluation points (rank 0 with ``eval_every`` set), else None.
+    :param evaluator: evaluation points (rank 0 with ``eval_every`` set; every rank when
+        sharded, rank 0 writing), else None.
+    :param sharded: the model is sharded over the ranks (fsdp, hsdp): every rank writes
+        its shards of each checkpoint (:meth:`CheckpointManager.save_sharded`).
     """
 
     cfg: TrainConfig
@@ -99,6 +103,7 @@ class Trainer:
     plan: TrainPlan
     checkpoints: CheckpointManager
     evaluator: EvalPoints | None = None
+    sharded: bool = False
 
     def run(self, state: TrainState, until: int | None = None) -> LoopStats:
         """Train from ``state.step`` to ``until`` (default: the plan's total), advancing
@@ -220,24 +225,43 @@ class Trainer:
     def _checkpoint(
         self, state: TrainState, preemption: Preemption | None = None, force: bool = False
     ) -> str | None:
-        """Save the checkpoint of ``state.step`` (rank 0 writes; every rank gives its RNG
-        state, gathered for a bit-exact resume of each rank's dropout stream); its URL on
-        rank 0, None on the others. ``force``: off the interval (a SIGTERM's step)."""
+        """Save the checkpoint of ``state.step`` (rank 0 writes, and every rank its shards
+        when sharded; every rank gives its RNG state, gathered for a bit-exact resume of
+        each rank's dropout stream); its URL on rank 0, None on the others. ``force``:
+        off the interval (a SIGTERM's step)."""
         backend = self.backend
         started = time.perf_counter()
         rngs = backend.gather(rng_state(backend))
+        meta = {
+            **state.meta(evaluating=self.evaluator is not None),
+            "kernels": kernel_route(backend),
+            "parallelism": self.cfg.parallelism,
+            "world_size": backend.world_size,
+            "global_batch": self.plan.samples_per_step,
+        }
         url = None
-        if backend.is_main:
-            url = self.checkpoints.save(
+        if self.sharded:
+            shards, param_groups = sharded_state(self.model, self.optimizer)
+            extra = checkpoint_state(
+                {"param_groups": param_groups}, self.schedule, rngs, backend.world_size
+            )
+            url = self.checkpoints.save_sharded(
                 state.step,
-                cpu_state_dict(self.model),
-                checkpoint_state(self.optimizer, self.schedule, rngs, backend.world_size),
-                {
-                    **state.meta(evaluating=self.evaluator is not None),
-                    "kernels": kernel_route(backend),
-                },
+                shards,
+                extra,
+                meta,
+                rank=backend.rank,
+                gather=backend.gather,
                 force=force,
             )
+        elif backend.is_main:
+            extra = checkpoint_state(
+                self.optimizer.state_dict(), self.schedule, rngs, backend.world_size
+            )
+            url = self.checkpoints.save(
+                state.step, cpu_state_dict(self.model), extra, meta, force=force
+            )
+        if url is not None:
             log.info("checkpoint step %d committed at %s", state.step, url)
         if preemption is not None:
             preemption.wrote_checkpoint(time.perf_counter() - started)

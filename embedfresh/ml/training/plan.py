@@ -44,7 +44,7 @@ class TrainPlan:
         total = per_epoch * cfg.epochs
         if cfg.max_steps is not None:
             total = min(cfg.max_steps, total)
-        chash = config_hash(cfg, spec, data_fingerprint(examples), total, world_size)
+        chash = config_hash(cfg, spec, data_fingerprint(examples), total, world_size, batch_size)
         return cls(batch_size, world_size, per_epoch, total, chash)
 
     @property
@@ -54,9 +54,18 @@ class TrainPlan:
 
 
 def config_hash(
-    cfg: TrainConfig, spec: ModelSpec, data_fp: str, steps: int, world_size: int = 1
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    data_fp: str,
+    steps: int,
+    world_size: int = 1,
+    batch_size: int | None = None,
 ) -> str:
-    """What must match for a checkpoint to be resumed: everything that changes the math."""
+    """What must match for a checkpoint to be resumed: everything that changes the math.
+
+    A sharded run (fsdp, hsdp) is identified by its global batch (``batch_size`` x
+    ranks), not by how it is split: its checkpoint resumes under another world size that
+    keeps the global batch (DCP reshards it). A ddp run's hash is what it always was."""
     relevant = cfg.model_dump(
         mode="json",
         exclude={
@@ -75,13 +84,25 @@ def config_hash(
             "neuron_cc_flags",
             "instance_type",
             "instance_prices",
+            # how the ranks hold the model, not what it computes: a sharded run is hashed
+            # by its global batch below; activation checkpointing recomputes the same math
+            "parallelism",
+            "shard_size",
+            "activation_checkpointing",
+            "mixed_precision",
         },
     )
     for optional in ("init_version", "dropout"):  # unset: the hash of configs before them
         if relevant[optional] is None:
             del relevant[optional]
     hashed = {"cfg": relevant, "spec": spec.fingerprint(), "data": data_fp, "steps": steps}
-    if world_size > 1:  # data parallel: another batch composition (absent: hashes before it)
+    if cfg.parallelism != "ddp":
+        del relevant["batch_size"]
+        hashed["sharded"] = {
+            "global_batch": (batch_size or cfg.batch_size or spec.default_batch_size) * world_size,
+            "mixed_precision": cfg.mixed_precision,
+        }
+    elif world_size > 1:  # data parallel: another batch composition (absent: hashes before it)
         hashed["world_size"] = world_size
     blob = json.dumps(hashed, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

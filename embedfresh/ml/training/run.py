@@ -33,14 +33,22 @@ from embedfresh.core.cost import run_cost
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.memory import return_freed_tensors, rss_mib
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.backends import Backend, get_backend
-from embedfresh.ml.checkpoint import Checkpoint, CheckpointManager, cpu_state_dict
+from embedfresh.ml.backends import Backend, get_backend, sharding_refusal
+from embedfresh.ml.checkpoint import SHARDED, Checkpoint, CheckpointManager, cpu_state_dict
 from embedfresh.ml.compile import modes, resolve_backend
 from embedfresh.ml.data.reader import Examples, read_train
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import ModelSpec
 from embedfresh.ml.model.relevance import RelevanceModel
 from embedfresh.ml.model.tokenizer import TextTokenizer
+from embedfresh.ml.parallel.sharding import (
+    Sharding,
+    checkpoint_blocks,
+    full_weights,
+    load_sharded_state,
+    local_tensor_bytes,
+    sharded_state,
+)
 from embedfresh.ml.training.data import TrainingSet
 from embedfresh.ml.training.eval_points import EvalPoints
 from embedfresh.ml.training.init import prepare_compile, resolve_init, set_dropout
@@ -65,7 +73,10 @@ class Fitted:
 
     :param first_step: the step this attempt started from (0, or the checkpoint's).
     :param resumed_from: ``{step, url, kernels_changed}`` of the checkpoint it resumed
-        from (``kernels_changed``: what differs from its kernel route), else None.
+        from (``kernels_changed``: what differs from its kernel route; a sharded resume
+        under another world size adds ``world_size_changed``), else None.
+    :param tensor_bytes: every rank's bytes of weights, gradients and optimizer state at
+        the end (:func:`~embedfresh.ml.parallel.sharding.local_tensor_bytes`), rank order.
     """
 
     model: RelevanceModel
@@ -74,6 +85,7 @@ class Fitted:
     resumed_from: dict[str, Any] | None
     stats: LoopStats
     evaluator: EvalPoints | None
+    tensor_bytes: list[dict[str, int]]
 
     @property
     def steps_run(self) -> int:
@@ -87,6 +99,7 @@ class TrainingRun:
     :param backend_name: the resolved backend (``auto`` decided), priced in the report.
     :param compile_info: the report's ``compile`` section (:func:`prepare_compile`).
     :param started: ``time.perf_counter()`` when :meth:`open` began (``wall_seconds``).
+    :param sharding: the plan of a sharded run (``parallelism`` fsdp or hsdp), else None.
     """
 
     cfg: TrainConfig
@@ -99,6 +112,7 @@ class TrainingRun:
     examples: Examples
     plan: TrainPlan
     started: float
+    sharding: Sharding | None = None
 
     @classmethod
     def open(cls, cfg: TrainConfig) -> TrainingRun:
@@ -107,18 +121,30 @@ class TrainingRun:
         run's folder writable. Nothing is written before all of this passed.
 
         :raises BadInputError: unknown instance type or backend, missing data, fewer
-            rows than one batch, or anything else the config gets wrong.
+            rows than one batch, a parallelism the launch or backend cannot run, a
+            checkpoint of this run id from another parallelism or global batch, or
+            anything else the config gets wrong.
         """
         started = time.perf_counter()
         store = ArtifactStore(cfg.artifact_root)
         spec, tokenizer_json = versions.resolve_model(store, cfg.model)
         backend_name = resolve_backend(cfg.backend)
         run_cost(backend_name, 0.0, cfg.instance_type, cfg.instance_prices)  # bad type: fail now
+        if cfg.parallelism != "ddp" and (refusal := sharding_refusal(backend_name)):
+            raise BadInputError(refusal)
         compile_info = prepare_compile(cfg, backend_name)
         backend = get_backend(backend_name)
         try:
+            sharding = Sharding.plan(
+                cfg.parallelism,
+                backend.world_size,
+                backend.device.type,
+                shard_size=cfg.shard_size,
+                mixed_precision=cfg.mixed_precision,
+            )
             examples = read_train(store, cfg.dataset, cfg.data_interval_start, cfg.interval_end)
             plan = TrainPlan.make(cfg, spec, examples, backend.world_size)
+            _check_resumable(store, cfg, plan)
             if backend.is_main:
                 _check_writable(store, cfg)
         except BaseException:
@@ -135,6 +161,7 @@ class TrainingRun:
             examples=examples,
             plan=plan,
             started=started,
+            sharding=sharding,
         )
 
     def close(self) -> None:
@@ -225,12 +252,26 @@ class TrainingRun:
         state = self._start_weights(model, checkpoint)
         if cfg.dropout is not None:
             set_dropout(model, cfg.dropout)
-        model.to(backend.device)
+        if cfg.activation_checkpointing:
+            log.info(
+                "activation checkpointing: %d blocks recompute in backward",
+                checkpoint_blocks(model),
+            )
+        if self.sharding is not None:
+            self.sharding.apply(model, backend.device)  # each rank keeps its shard on the device
+        else:
+            model.to(backend.device)
         # A trained start (production or a pinned version) is fine-tuned at the scaled rate.
         trained_start = state.init["source"] in ("production", "version")
         optimizer = make_optimizer(model, cfg, incremental=trained_start)
         schedule = make_schedule(optimizer, cfg.warmup_steps, plan.total)
         if checkpoint is not None:
+            if checkpoint.sharded:  # its weights and optimizer state, resharded to this mesh
+                shards, _ = sharded_state(model, optimizer)
+                checkpoints.read_shards(checkpoint, shards)
+                load_sharded_state(
+                    model, optimizer, shards, checkpoint.state["optimizer"]["param_groups"]
+                )
             restore_checkpoint_state(checkpoint, optimizer, schedule, backend, cfg.seed)
         else:
             # dropout stream independent of how init was reached; one per rank. Python's
@@ -240,12 +281,23 @@ class TrainingRun:
             np.random.seed((cfg.seed + backend.rank) % 2**32)
             backend.seed(cfg.seed)
         evaluator = None
-        if cfg.eval_every is not None and backend.is_main:
+        # A sharded model runs only on every rank at once: each evaluates, rank 0 writes.
+        if cfg.eval_every is not None and (backend.is_main or self.sharding is not None):
             evaluator = EvalPoints(cfg, self.store, backend, tokenizer, state.eval_curve)
         forward = self._forward(model)
         log.info("%s", padding_line(backend, data, self.spec.max_length))
         trainer = Trainer(
-            cfg, backend, model, forward, optimizer, schedule, data, plan, checkpoints, evaluator
+            cfg,
+            backend,
+            model,
+            forward,
+            optimizer,
+            schedule,
+            data,
+            plan,
+            checkpoints,
+            evaluator,
+            sharded=self.sharding is not None,
         )
         first_step = state.step
         stats = trainer.run(state)
@@ -259,14 +311,19 @@ class TrainingRun:
                     checkpoint.meta.get("kernels"), kernel_route(backend)
                 ),
             }
-        return Fitted(model, state, first_step, resumed_from, stats, evaluator)
+            saved_by = checkpoint.meta.get("world_size", backend.world_size)
+            if saved_by != backend.world_size:
+                resumed_from["world_size_changed"] = [saved_by, backend.world_size]
+        tensor_bytes = backend.gather(local_tensor_bytes(model, optimizer))
+        return Fitted(model, state, first_step, resumed_from, stats, evaluator, tensor_bytes)
 
     def _start_weights(self, model: RelevanceModel, checkpoint: Checkpoint | None) -> TrainState:
         """Load the checkpoint's weights into ``model``, or ``cfg.init``'s; the state
         training starts from."""
         plan = self.plan
         if checkpoint is not None:
-            model.load_state_dict(checkpoint.weights, strict=True)
+            if checkpoint.weights is not None:  # a sharded one loads once the model is sharded
+                model.load_state_dict(checkpoint.weights, strict=True)
             log.info("resuming from %s (step %d)", checkpoint.url, checkpoint.step)
             changes = route_changes(checkpoint.meta.get("kernels"), kernel_route(self.backend))
             if changes:
@@ -286,23 +343,31 @@ class TrainingRun:
 
     def _forward(self, model: RelevanceModel) -> Forward:
         """``model.score_and_embed``, under DistributedDataParallel with several ranks
-        and under torch.compile in that compile mode."""
+        (unless sharded: the sharded model gathers and reduces by itself) and under
+        torch.compile in that compile mode."""
         forward: Forward = model.score_and_embed
-        if self.backend.world_size > 1:
+        if self.backend.world_size > 1 and self.sharding is None:
             forward = self.backend.data_parallel(ScoreAndEmbed(model))
         if self.compile_info["mode"] == modes.TORCH_COMPILE:
             forward = self.backend.compile(forward)
         return forward
 
-    def publish(self, fitted: Fitted) -> str:
-        """Publish the trained weights as model version ``cfg.output_version`` (rank 0),
-        its COMMIT written last; returns its URL."""
+    def final_weights(self, fitted: Fitted) -> dict[str, torch.Tensor]:
+        """The trained weights as CPU tensors on rank 0 (``{}`` on the others). Every rank
+        calls it: a sharded model is gathered, one parameter at a time, to rank 0."""
+        if self.sharding is not None:
+            return full_weights(fitted.model)
+        return cpu_state_dict(fitted.model) if self.backend.is_main else {}
+
+    def publish(self, fitted: Fitted, weights: dict[str, torch.Tensor]) -> str:
+        """Publish ``weights`` (:meth:`final_weights`) as model version
+        ``cfg.output_version`` (rank 0), its COMMIT written last; returns its URL."""
         cfg = self.cfg
         return versions.publish(
             self.store,
             self.spec,
             cfg.output_version,
-            cpu_state_dict(fitted.model),
+            weights,
             {
                 "run_id": cfg.run_id,
                 "config_hash": self.plan.config_hash,
@@ -356,6 +421,12 @@ class TrainingRun:
             if first_step_seconds is None
             else round(first_step_seconds, 3),
             "padding": "max_length" if backend.static_shapes else "longest",
+            "parallelism": {"parallelism": "ddp"}
+            if self.sharding is None
+            else self.sharding.describe(),
+            "activation_checkpointing": cfg.activation_checkpointing,
+            # What each rank held of weights, gradients and optimizer state at the end.
+            "tensor_bytes_per_rank": fitted.tensor_bytes,
             "peak_rss_mib": round(rss_mib()[1], 1),
             **backend.metadata(),
         }
@@ -378,6 +449,37 @@ def padding_line(backend: Backend, data: TrainingSet, max_length: int) -> str:
         f"batches padded to their longest query and product (multiple of 8), not to "
         f"max_length {max_length}; {lengths}"
     )
+
+
+def _check_resumable(store: ArtifactStore, cfg: TrainConfig, plan: TrainPlan) -> None:
+    """Refuse, before any write, a run id whose newest checkpoint this run cannot resume:
+    one of another parallelism (whole weights against shards: they do not convert), or a
+    sharded one of another global batch (the fix names the batch size that keeps it)."""
+    meta = CheckpointManager(
+        store, cfg.model, cfg.run_id, cfg.keep_last, plan.config_hash
+    ).latest_meta()
+    if meta is None:
+        return
+    saved = meta.get("parallelism", "ddp")
+    sharded = meta.get("format") == SHARDED
+    if sharded != (cfg.parallelism != "ddp"):
+        kind = "sharded (fsdp/hsdp)" if sharded else "whole-model (ddp)"
+        raise BadInputError(
+            f"checkpoint {meta['url']} of run {cfg.run_id} is {kind}, written with "
+            f"parallelism={saved}, and this run has parallelism={cfg.parallelism}: whole "
+            f"and sharded checkpoints do not convert into each other. Resume with "
+            f"parallelism={saved}, or start a new run id"
+        )
+    if not sharded or meta.get("config_hash") == plan.config_hash:
+        return
+    ranks, batch = meta.get("world_size"), meta.get("global_batch")
+    if batch and batch != plan.samples_per_step and batch % plan.world_size == 0:
+        raise BadInputError(
+            f"checkpoint {meta['url']} was saved with a global batch of {batch} ({ranks} "
+            f"ranks); this run's is {plan.world_size} x {plan.batch_size} = "
+            f"{plan.samples_per_step}: set batch_size={batch // plan.world_size} to resume "
+            f"it with {plan.world_size} ranks (DCP reshards it), or start a new run id"
+        )
 
 
 def _check_writable(store: ArtifactStore, cfg: TrainConfig) -> None:

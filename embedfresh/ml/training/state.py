@@ -10,6 +10,7 @@ resume starts from. The optimizer, schedule and RNG states travel in ``state.pt`
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ import torch
 
 from embedfresh.ml.backends import Backend
 from embedfresh.ml.checkpoint import Checkpoint
+
+log = logging.getLogger("embedfresh.jobs.train")
 
 
 @dataclass
@@ -107,16 +110,19 @@ def route_changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> l
 
 
 def checkpoint_state(
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
     schedule: torch.optim.lr_scheduler.LRScheduler,
     rngs: list[dict[str, Any]],
     world_size: int,
 ) -> dict[str, Any]:
-    """A checkpoint's ``state.pt``: optimizer, schedule and RNG states. ``rngs``: every
+    """A checkpoint's ``state.pt``: optimizer, schedule and RNG states.
+
+    ``optimizer_state``: the optimizer's ``state_dict()``, or for a sharded run only its
+    ``param_groups`` (the moments are shards, written by every rank). ``rngs``: every
     rank's :func:`rng_state` in rank order (``Backend.gather``); all of them are kept
     when data parallel so each rank resumes its own dropout stream."""
     state = {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "schedule": schedule.state_dict(),
         "rng": rngs[0],
     }
@@ -132,13 +138,34 @@ def restore_checkpoint_state(
     backend: Backend,
     seed: int,
 ) -> None:
-    """Load what :func:`checkpoint_state` saved into ``optimizer`` and ``schedule`` and
-    this rank's RNGs (rank 0's when the checkpoint has no state for each rank)."""
-    optimizer.load_state_dict(checkpoint.state["optimizer"])
+    """Load what :func:`checkpoint_state` saved into ``optimizer`` (a sharded one's is
+    loaded with its shards) and ``schedule`` and this rank's RNGs: its own, or when the
+    checkpoint was written by another number of ranks (a sharded run resumed under
+    another world size), a stream seeded by (seed, step, rank), said in the log."""
+    if not checkpoint.sharded:
+        optimizer.load_state_dict(checkpoint.state["optimizer"])
     schedule.load_state_dict(checkpoint.state["schedule"])
-    ranks = checkpoint.state.get("rng_ranks")
-    rng = ranks[backend.rank] if ranks and len(ranks) == backend.world_size else None
-    set_rng_state(rng or checkpoint.state["rng"], backend, seed=seed * 1_000_003 + checkpoint.step)
+    ranks = checkpoint.state.get("rng_ranks") or [checkpoint.state["rng"]]
+    stream = seed * 1_000_003 + checkpoint.step
+    if len(ranks) == backend.world_size:
+        set_rng_state(ranks[backend.rank], backend, seed=stream)
+        return
+    if backend.world_size == 1 or not checkpoint.sharded:  # rank 0's, as before
+        set_rng_state(ranks[0], backend, seed=stream)
+        return
+    log.warning(
+        "checkpoint step %d was written by %d ranks and this run has %d: each rank's "
+        "dropout stream restarts from (seed, step, rank), so the run is not bit-exact "
+        "with an uninterrupted one (its weights and optimizer state are: DCP resharded them)",
+        checkpoint.step,
+        len(ranks),
+        backend.world_size,
+    )
+    set_rng_state(ranks[0], backend, seed=stream)
+    torch.manual_seed(stream + backend.rank)
+    random.seed(stream + backend.rank)
+    np.random.seed((stream + backend.rank) % 2**32)
+    backend.seed(stream)
 
 
 def rng_state(backend: Backend | None = None) -> dict[str, Any]:
