@@ -52,6 +52,12 @@ SLOW_PARITY = (
 )
 UI_SERVER = "needs Airflow's API server running with the plugin (make airflow)"
 
+SHARDED_PARITY = (
+    "docs/PARITY.md's config-against-config parity: side b spans two hosts; "
+    "tests/test_multinode_netns.py::test_hsdp_across_two_hosts_of_two_processes_is_single_"
+    "host_ddp_by_the_parity_gate runs the three steps, side b over two network-namespace hosts"
+)
+
 NOT_RUN: dict[str, str] = {
     # README.md, Quickstart
     "make demo": "tests/test_demo.py runs scripts/demo.py (what make demo runs) at small sizes",
@@ -71,6 +77,12 @@ NOT_RUN: dict[str, str] = {
     "python -m embedfresh.jobs.train --set artifact_root=file:///tmp/parity": SLOW_PARITY,
     "python -m embedfresh.jobs.parity --set artifact_root=file:///tmp/parity": SLOW_PARITY,
     "python -m embedfresh.jobs.parity ... ": "a sketch: '...' stands for the command above",
+    'SETTINGS="--set artifact_root=file:///tmp/parity --set run_id=sharding': SHARDED_PARITY,
+    "python -m embedfresh.jobs.launch --standalone --nproc-per-node 4 -m embedfresh.jobs.parity": (
+        SHARDED_PARITY
+    ),
+    "python -m embedfresh.jobs.launch --nnodes 2 --node-rank $NODE": SHARDED_PARITY,
+    "python -m embedfresh.jobs.parity $SETTINGS --set step=compare": SHARDED_PARITY,
     # docs/RELIABILITY.md
     "RELIABILITY_FIGURES=/tmp/reliability.json .venv/bin/python -m pytest -q tests/reliability": (
         "the reliability suite, which make test runs"

@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
-from embedfresh.operators.job_spec import JobSpec
+from embedfresh.operators.job_spec import JobSpec, encode_setting
 from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
 from tests import netns
-from tests.conftest import ROOT, job_env
-from tests.test_train_ddp import free_port
+from tests.conftest import ROOT, job_env, run_job
+from tests.test_train_ddp import free_port, weights
 
 BASE = {"data_interval_start": "2026-01-01", "init": "base", "log_every": 1}
+BASE_SETS = [f"{k}={v}" for k, v in BASE.items()]
 # No dropout and no in-batch contrastive term: the mean of the ranks' gradients is then
 # the same sum whichever host a rank runs on (see tests/test_train_ddp.py).
 SAME_MATH = {"contrastive_weight": 0, "dropout": 0, "batch_size": 16}
@@ -101,9 +103,13 @@ def start_node(
 
 
 def run_two_nodes(
-    hosts: tuple[netns.Host, netns.Host], job: str, settings: dict, logs: Path
+    hosts: tuple[netns.Host, netns.Host],
+    job: str,
+    settings: dict,
+    logs: Path,
+    nproc_per_node: int = 1,
 ) -> list[Node]:
-    command, container = batch_command(job, settings)
+    command, container = batch_command(job, settings, nproc_per_node)
     main = hosts[0]
     nodes = [
         start_node(h, i, main, command, container, logs / f"{settings['run_id']}-node{i}.log")
@@ -114,9 +120,9 @@ def run_two_nodes(
     return nodes
 
 
-def one_host(root: str, job: str, settings: dict) -> subprocess.CompletedProcess:
-    """The same job on one host: the launcher with two processes on loopback."""
-    cmd = [sys.executable, "-m", "embedfresh.jobs.launch", "--nproc-per-node", "2"]
+def one_host(root: str, job: str, settings: dict, nproc: int = 2) -> subprocess.CompletedProcess:
+    """The same job on one host: the launcher with ``nproc`` processes on loopback."""
+    cmd = [sys.executable, "-m", "embedfresh.jobs.launch", "--nproc-per-node", str(nproc)]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     cmd += ["-m", f"embedfresh.jobs.{job}"]
     cmd += JobSpec(job, settings).job_args()
@@ -154,6 +160,54 @@ def test_two_hosts_train_bit_exact_against_one_host(hosts, root: str, tmp_path: 
     assert across["steps"] == one["steps"] == 6
     assert weights_sha256(root, "hosts") == weights_sha256(root, "one")
     print(f"two-host train: {two_host_s:.1f} s")
+
+
+def test_hsdp_across_two_hosts_of_two_processes_is_single_host_ddp_by_the_parity_gate(
+    hosts, root: str, tmp_path: Path
+) -> None:
+    """parallelism=hsdp over 2 hosts x 2 processes (a 2 x 2 mesh: each host's pair shards
+    the model, the hosts replicate it and all-reduce across the veth) against ddp on one
+    host with 4 processes, from one start version with the same global batch: the
+    parity job, config against config, gates the two curves at every evaluation point."""
+    start = run_job("train", f"artifact_root={root}", "run_id=v0", *BASE_SETS, "max_steps=2")
+    assert start.returncode == 0, start.stderr[-3000:]
+    settings = {
+        "artifact_root": root,
+        "run_id": "sharding",
+        "init_version": "v0",
+        "data_interval_start": "2026-01-01",
+        "backend_a": "cpu",
+        "backend_b": "cpu",
+        "config_a": {"parallelism": "ddp"},
+        "config_b": {"parallelism": "hsdp"},
+        **SAME_MATH,
+        "batch_size": 8,
+        "max_steps": 6,
+        "eval_every": 3,
+        "log_every": 1,
+    }
+    a = one_host(root, "parity", {**settings, "step": "a"}, nproc=4)
+    assert a.returncode == 0, a.stderr[-3000:]
+    nodes = run_two_nodes(hosts, "parity", {**settings, "step": "b"}, tmp_path, nproc_per_node=2)
+    for node in nodes:
+        assert node.proc.returncode == 0, node.stderr()[-3000:]
+    across = train_report(root, "sharding-cpu-b")
+    assert across["parallelism"]["mesh"] == {"replicate": 2, "shard": 2}
+    assert (across["world_size"], across["nodes"]) == (4, 2)
+    assert train_report(root, "sharding-cpu-a")["parallelism"] == {"parallelism": "ddp"}
+
+    compared = run_job(
+        "parity", *(f"{k}={encode_setting(v)}" for k, v in settings.items()), "step=compare"
+    )
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    gate = json.loads(store_path(root, "runs/tiny/sharding/reports/gate.json").read_text())
+    assert gate["verdict"] == "PASS" and gate["steps"] == [3, 6], gate["reason"]
+    assert gate["candidate"]["config"] == {"parallelism": "hsdp"}
+    print(f"hsdp across hosts vs ddp on one: max |d| {gate['max_abs_d']:.2e}")
+    # The same model, but for the order of the sums.
+    ddp, hsdp = weights(root, "sharding-cpu-a"), weights(root, "sharding-cpu-b")
+    for k in ddp:
+        torch.testing.assert_close(hsdp[k], ddp[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_the_main_node_finds_its_own_address_and_not_loopback(hosts) -> None:

@@ -13,8 +13,16 @@ tolerance band). Anything but PASS exits with code 3, like the gate job.
 and ``b`` train one side, ``compare`` gates the two curves once both are there
 (``dags/accelerator_parity.py`` runs it so); ``all`` (default) does the three in turn.
 
+Config against config: ``config_a`` / ``config_b`` give one side training fields of its
+own (``{"parallelism": "hsdp"}`` against ddp, on the same backend), and the same gate
+proves the two ways of training give the same model.
+
 Each side is a separate process because torch-xla, once imported, changes process-wide
-state, and so that a side can be resumed (its run id) after a failure.
+state, and so that a side can be resumed (its run id) after a failure. A side run under
+a launch of several ranks (``torchrun``, a multi-node Batch job: step ``a`` or ``b``)
+trains on all of them: each rank's training process inherits its rank's environment
+(``RANK``, ``WORLD_SIZE``, the rendezvous address) and joins the launch's process group
+in its place.
 """
 
 from __future__ import annotations
@@ -99,7 +107,8 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
                 f"{cfg.init_version}: both sides must start from the same version; run "
                 f"step={side} again"
             )
-        sides[side] = {"cfg": tcfg, "summary": summary, "report": train_report}
+        config = getattr(cfg, f"config_{side}")
+        sides[side] = {"cfg": tcfg, "summary": summary, "report": train_report, "config": config}
 
     steps_a = {p["step"] for p in sides["a"]["report"].get("eval_curve", [])}
     steps_b = {p["step"] for p in sides["b"]["report"].get("eval_curve", [])}
@@ -151,10 +160,12 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
         },
         started,
     )
-    log.info("parity %s: %s", curve.verdict, curve.reason)
+    log.info(
+        "parity %s (%s vs %s): %s", curve.verdict, _label(cfg, "b"), _label(cfg, "a"), curve.reason
+    )
     if curve.verdict != "PASS":
         raise GateRefusedError(
-            f"{curve.reason} ({cfg.backend_b} vs {cfg.backend_a}; report {report_url})"
+            f"{curve.reason} ({_label(cfg, 'b')} vs {_label(cfg, 'a')}; report {report_url})"
         )
     return {
         "verdict": str(curve.verdict),
@@ -173,10 +184,17 @@ def _outcomes(
     return load_outcomes(store, store.read_json(rel))
 
 
+def _label(cfg: ParityConfig, side: str) -> str:
+    """A side as a person names it: its backend, and its own training fields if any."""
+    backend, config = getattr(cfg, f"backend_{side}"), getattr(cfg, f"config_{side}")
+    return f"{backend} {json.dumps(config, sort_keys=True)}" if config else backend
+
+
 def _side(side: dict[str, Any]) -> dict[str, Any]:
     rep, tcfg = side["report"], side["cfg"]
     return {
         "backend": tcfg.backend,
+        "config": side["config"],
         "run_id": tcfg.run_id,
         "version": rep["version"],
         "device": rep.get("device"),

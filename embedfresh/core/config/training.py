@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -223,12 +223,25 @@ def describe_partitions(days: Sequence[dt.date], shown: int = 3) -> str:
     )
 
 
+#: Training fields a parity side may not set apart from the other: what makes the two
+#: runs comparable (the start, the data, the evaluation points) or names them.
+PARITY_SHARED = frozenset(
+    {"artifact_root", "model", "run_id", "version", "init", "init_version", "dataset",
+     "data_interval_start", "data_interval_end", "eval_every", "eval_batch_size", "backend"}
+)  # fmt: skip
+
+
 class ParityConfig(TrainConfig):
     """Backend parity (DESIGN "The quality gate", parity mode): train the same start
     version with the same hyperparameters on backend A and backend B, evaluating at
     every ``eval_every`` steps, and gate B's curve against A's (two-sided |d| < tolerance
     at every common evaluation point). The training fields are those of
-    :class:`TrainConfig`; ``backend`` is unused (see ``backend_a``/``backend_b``)."""
+    :class:`TrainConfig`; ``backend`` is unused (see ``backend_a``/``backend_b``).
+
+    Config against config: ``config_a`` and ``config_b`` set training fields of one side
+    only (on one backend, or two), e.g. ``parallelism`` ddp against hsdp: the gate then
+    proves that the other way of training gives the same model, within the tolerance,
+    at every evaluation point."""
 
     backend_a: str = "cpu"
     """Reference backend; its run id is ``{run_id}-{backend_a}``."""
@@ -249,6 +262,12 @@ class ParityConfig(TrainConfig):
     """Seed of the paired bootstrap (``seed`` is the training seed)."""
     timeout_seconds: float = Field(default=3600, gt=0)
     """Limit of each training subprocess."""
+    config_a: dict[str, Any] = Field(default_factory=dict)
+    """Training fields side a trains with over the shared ones (config against config),
+    e.g. ``{"parallelism": "ddp"}``; not the start, data or evaluation points."""
+    config_b: dict[str, Any] = Field(default_factory=dict)
+    """Training fields side b trains with over the shared ones, e.g.
+    ``{"parallelism": "hsdp"}``."""
     step: Literal["all", "a", "b", "compare"] = "all"
     """``all``: train both sides, then compare (one process, both backends on its
     machine); ``a`` or ``b``: train that side only (a task, or an AWS Batch job, on that
@@ -260,6 +279,18 @@ class ParityConfig(TrainConfig):
             raise ValueError("parity needs init_version: both backends start from it")
         if self.eval_every is None:
             raise ValueError("parity needs eval_every: the curve is its evaluation points")
+        for side in ("a", "b"):
+            fields = getattr(self, f"config_{side}")
+            unknown = sorted(set(fields) - set(TrainConfig.model_fields))
+            if unknown:
+                raise ValueError(f"config_{side}: {unknown} are not training fields")
+            shared = sorted(set(fields) & PARITY_SHARED)
+            if shared:
+                raise ValueError(
+                    f"config_{side}: {shared} must be the same on both sides (set them at "
+                    "the top level)"
+                )
+            self.train_config(side)  # a side that does not validate fails here, not later
         return self
 
     def side_run_id(self, side: Literal["a", "b"]) -> str:
@@ -275,6 +306,7 @@ class ParityConfig(TrainConfig):
         data = self.model_dump(exclude=extra)
         run_id = self.side_run_id(side)
         data.update(
+            getattr(self, f"config_{side}"),
             backend=self.backend_a if side == "a" else self.backend_b,
             run_id=run_id,
             version=None if self.version is None else self.version + run_id[len(self.run_id) :],
