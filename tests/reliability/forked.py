@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import runpy
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +98,51 @@ class ForkServer:
             child.join()
             raise TimeoutError(f"{name} ran past {timeout} s")
         return Finished(child.exitcode, out.read_text(), err.read_text())
+
+    def run_ranks(
+        self,
+        name: str,
+        *sets: str,
+        world_size: int,
+        port: int,
+        env: dict[str, str] | None = None,
+        timeout: float = 600,
+    ) -> list[Finished]:
+        """The job as ``world_size`` ranks on this host, each a forked child with the
+        environment torchrun gives its workers (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+        ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``: the job's process group
+        meets at ``port``). When one rank dies by a signal the others are killed, as a
+        launcher tears down a job whose host was lost. Each rank's outcome, rank order."""
+        argv = [a for s in sets for a in ("--set", s)]
+        children, files = [], []
+        for rank in range(world_size):
+            self._n += 1
+            out, err = self.workdir / f"{self._n}.out", self.workdir / f"{self._n}.err"
+            ranked = {
+                **(env or {}),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            child = self.ctx.Process(
+                target=_child, args=(f"embedfresh.jobs.{name}", argv, ranked, str(out), str(err))
+            )
+            child.start()
+            children.append(child)
+            files.append((out, err))
+        deadline = time.monotonic() + timeout
+        while any(c.exitcode is None for c in children):
+            if any((c.exitcode or 0) < 0 for c in children) or time.monotonic() > deadline:
+                for c in children:
+                    if c.exitcode is None:
+                        c.kill()
+            time.sleep(0.02)
+        for c in children:
+            c.join()
+        return [
+            Finished(c.exitcode, o.read_text(), e.read_text())
+            for c, (o, e) in zip(children, files, strict=True)
+        ]
