@@ -16,12 +16,14 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from embedfresh.ml.parallel.store_dcp import METADATA, rank_file
 from tests.conftest import ROOT, job_env, run_job
 from tests.test_train_ddp import free_port, kill_tree, report, weights
 
-BASE = ("data_interval_start=2026-01-01", "init=base", "log_every=1")
+# init=auto: base weights in these fresh stores (no production version yet)
+BASE = ("data_interval_start=2026-01-01", "log_every=1")
 # No dropout and no in-batch contrastive term: the mean of the ranks' gradients is then
 # the same sum however the ranks hold the model.
 SAME_MATH = ("contrastive_weight=0", "dropout=0")
@@ -191,3 +193,30 @@ def test_what_a_sharded_run_cannot_do_is_refused_before_any_write(root: str) -> 
     assert "is whole-model (ddp), written with parallelism=ddp" in sharded.stderr
     assert "Resume with parallelism=ddp, or start a new run id" in sharded.stderr
     assert sorted(str(p) for p in (store / "runs/tiny/mixed").rglob("*")) == files
+
+
+def test_a_teams_own_mpnet_trains_data_parallel_and_sharded_to_one_model(
+    root: str, tmp_path: Path
+) -> None:
+    """The generic transformers path (MPNet, whose unused NSP pooler once failed DDP with
+    "parameters that were not used in producing loss"): ddp and fsdp on 2 ranks, the
+    blocks being MPNet's own layers, end at the same weights."""
+    from tests.own_model import build_own_model, last_json
+
+    source = build_own_model(tmp_path / "acme-mpnet", "mpnet")
+    last_json(run_job("publish_model", f"artifact_root={root}", "model=acme", f"source={source}"))
+    sets = ("model=acme", "batch_size=8", "max_steps=3", "checkpoint_every=2", *SAME_MATH)
+    ddp = train(root, "ddp", 2, *sets)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    fsdp = train(root, "fsdp", 2, *sets, "parallelism=fsdp")
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    assert "blocks and the root sharded over a mesh 2 (shard)" in fsdp.stderr
+    a, b = (
+        load_file(
+            Path(root.removeprefix("file://"), "models/acme/versions", v, "model.safetensors")
+        )
+        for v in ("fsdp", "ddp")
+    )
+    assert a.keys() == b.keys() and any("pooler" in k for k in a)  # the model's own weights
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

@@ -51,6 +51,14 @@ class HFEncoder(nn.Module):
         # transformers' own attention choice: sdpa where the architecture has it (MPNet and
         # DeBERTa do not, and asking for it by name fails there), eager otherwise.
         self.hf = AutoModel.from_config(config, dtype=torch.float32)
+        # BERT-likes' NSP pooler (BERT, MPNet, RoBERTa): its weights are the model's and
+        # stay in its versions, but the embedding pools the token states and never reads
+        # it, so it gets no gradient. Frozen, data parallel ignores it instead of failing
+        # ("parameters that were not used in producing loss", all-mpnet-base-v2 under
+        # DDP); training does not change (AdamW skips a parameter without a gradient).
+        pooler = getattr(self.hf, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
         self.dense = dense_stack(dense)
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
