@@ -17,7 +17,8 @@ fails the run naming what is there) and the devices and links the run will use (
 faulty one fails the run before anything expensive starts, no retry); ``compile`` traces
 the training graphs into the shared compile cache (a hit takes seconds); ``train`` trains
 the production model incrementally on the data interval's partition (resuming from its
-last checkpoint on a retry, with exponential backoff); ``evaluate`` scores it on the
+last checkpoint on a retry, with exponential backoff; the ``parallelism`` Param shards a
+model too large for one device over the ranks, ``nproc`` per node); ``evaluate`` scores it on the
 fixed held-out set; ``gate`` decides whether it may go live (the 0.1% SLA). A gate that
 does not PASS (FAIL, INCONCLUSIVE) is a decision, not an error: the gate task succeeds
 with the decision as its XCom (each metric's d and interval), ``gate_passed`` skips
@@ -107,6 +108,7 @@ TRAINING = {
     **DAY_ARG,
     "epochs": "{{ params.epochs }}",
     "nproc_per_node": "{{ params.nproc }}",
+    "job_settings": {"parallelism": "{{ params.parallelism }}"},
 }
 
 with DAG(
@@ -128,6 +130,13 @@ with DAG(
             type="integer",
             minimum=1,
             description="Processes per node for health, compile and train (torchrun)",
+        ),
+        "parallelism": Param(
+            "ddp",
+            enum=["ddp", "fsdp", "hsdp"],
+            description="How training's ranks hold the model: ddp (a whole replica each), "
+            "fsdp (sharded over every rank; needs nproc >= 2 or several nodes), hsdp "
+            "(sharded within a node, replicated across nodes)",
         ),
         "gate_metrics": gate_metrics_param(),
         "corpora": corpora_param(),

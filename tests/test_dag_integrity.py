@@ -213,6 +213,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "backend": "cpu",
         "epochs": 3,
         "nproc": 1,
+        "parallelism": "ddp",
         "gate_metrics": ["accuracy", "auc", "log_loss", "recall_at_10"],
         "corpora": ["products"],
         "day": None,  # not "": the Trigger form takes an empty string for a missing value
