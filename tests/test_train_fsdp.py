@@ -10,6 +10,7 @@ what cannot run is refused before anything is written."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -119,18 +120,41 @@ def test_fsdp_trains_what_ddp_trains_holding_half_of_it_per_rank(root: str) -> N
     meta = json.loads((folder / "meta.json").read_text())
     assert (meta["format"], meta["world_size"], meta["global_batch"]) == ("dcp", 2, 32)
 
+    # The version is any version: evaluated and gated (against the base) as every one is.
+    evaluated = run_job("evaluate", f"artifact_root={root}", "run_id=fsdp")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    gated = run_job("gate", f"artifact_root={root}", "run_id=fsdp", "refusal_exits=false")
+    assert gated.returncode == 0, gated.stderr[-2000:]
+    decision = json.loads(
+        Path(root.removeprefix("file://"), "runs/tiny/fsdp/reports/gate.json").read_text()
+    )
+    assert decision["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE") and decision["metrics"]
 
-def test_fsdp_killed_at_two_steps_resumes_bit_exactly(root: str) -> None:
-    """Dropout and the contrastive term on: every rank's RNG stream must resume too."""
+
+def test_fsdp_killed_at_two_steps_then_preempted_resumes_bit_exactly(root: str) -> None:
+    """Dropout and the contrastive term on: every rank's RNG stream must resume too. Two
+    SIGKILLs (off the checkpoint interval), then a SIGTERM to rank 1 alone: every rank
+    stops at one step, writes its shards of that step's checkpoint, and the launch exits
+    75; the last attempt resumes from it."""
+    from tests.reliability.test_preemption import _rank, sigterm_after
+
     sets = ("batch_size=8", "max_steps=12", "checkpoint_every=3", "parallelism=fsdp")
     whole = train(root, "whole", 2, *sets)
     assert whole.returncode == 0, whole.stderr[-3000:]
     killed_after(root, "killed", 2, ("step 5/12",), *sets)  # past step 3's checkpoint
-    resumed = killed_after(root, "killed", 2, ("step 10/12",), *sets)
-    assert "(step 3)" in resumed  # it resumed from step 3, then was killed past step 9
+    resumed = killed_after(root, "killed", 2, ("step 8/12",), *sets)
+    assert "(step 3)" in resumed  # it resumed from step 3, then was killed past step 6
+    stopped = sigterm_after(launch(root, "killed", 2, *sets), 10, lambda proc: _rank(proc, 1))
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    steps = re.findall(
+        r"SIGTERM: stopped after step (\d+)/12; checkpoint step \d+ committed", stopped.stderr
+    )
+    assert len(steps) == 2 and len(set(steps)) == 1, stopped.stderr[-3000:]  # both ranks, one step
+    at = int(steps[0])
+    assert 10 <= at < 12 and checkpoint_dir(root, "killed", at).joinpath("COMMIT").exists()
     done = train(root, "killed", 2, *sets)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert report(root, "killed")["resumed_from"]["step"] == 9
+    assert report(root, "killed")["resumed_from"]["step"] == at
     a, b = weights(root, "killed"), weights(root, "whole")
     assert all(torch.equal(a[k], b[k]) for k in b), "the sharded resume is not bit-exact"
 
