@@ -66,15 +66,18 @@ def publish(
     files: dict[str, bytes],
     meta: dict[str, Any] | None = None,
     name: str = COMMIT,
+    written: dict[str, tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Write every object of ``files`` under ``directory``, then the marker naming them.
 
+    ``written``: objects of the directory already written otherwise (name -> (sha256,
+    size): a file uploaded from disk, another rank's shards), listed in the marker too.
     Files of an earlier attempt that died before its marker are simply overwritten:
     without a marker they never counted.
     """
     for fname, data in files.items():
         store.write_bytes(f"{directory}/{fname}", data)
-    return write_marker(store, directory, files, meta=meta, name=name)
+    return write_marker(store, directory, {**(written or {}), **files}, meta=meta, name=name)
 
 
 def read_marker(store: ArtifactStore, directory: str, name: str = COMMIT) -> dict[str, Any] | None:

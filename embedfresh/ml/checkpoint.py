@@ -171,15 +171,7 @@ class CheckpointManager:
         if not (self.due(step, last_step) or (force and not last_step)):
             return None
         directory = layout.checkpoint(self.model, self.run_id, step)
-        buf = io.BytesIO()
-        torch.save(to_cpu(state), buf)
-        files = {
-            WEIGHTS: weights_bytes(weights),
-            STATE: buf.getvalue(),
-            META: json.dumps(
-                {**meta, "step": step, "config_hash": self.config_hash}, sort_keys=True
-            ).encode(),
-        }
+        files = {WEIGHTS: weights_bytes(weights), **self._state_files(step, state, meta)}
         # An earlier attempt may have died half-way through this very step: its marker
         # never got written, so overwriting its files is safe.
         markers.publish(
@@ -187,6 +179,16 @@ class CheckpointManager:
         )
         self._purge(keep_from=step)
         return self.store.url(directory)
+
+    def _state_files(
+        self, step: int, state: dict[str, Any], meta: dict[str, Any]
+    ) -> dict[str, bytes]:
+        """``state.pt`` (moved to CPU) and ``meta.json`` (``step`` and ``config_hash``
+        added) of a checkpoint, as bytes."""
+        buf = io.BytesIO()
+        torch.save(to_cpu(state), buf)
+        meta = {**meta, "step": step, "config_hash": self.config_hash}
+        return {STATE: buf.getvalue(), META: json.dumps(meta, sort_keys=True).encode()}
 
     def save_sharded(
         self,
@@ -221,22 +223,13 @@ class CheckpointManager:
         listing = gather(writer.files)  # every rank's files, once every rank wrote them
         if rank != 0:
             return None
-        buf = io.BytesIO()
-        torch.save(to_cpu(state), buf)
-        files = {
-            STATE: buf.getvalue(),
-            META: json.dumps(
-                {**meta, "format": SHARDED, "step": step, "config_hash": self.config_hash},
-                sort_keys=True,
-            ).encode(),
-        }
-        for name, data in files.items():
-            self.store.write_bytes(f"{directory}/{name}", data)
-        written: dict[str, bytes | tuple[str, int]] = dict(files)
-        for rank_files in listing:
-            written.update(rank_files)
-        markers.write_marker(
-            self.store, directory, written, meta={"step": step, "config_hash": self.config_hash}
+        shards_written = {name: entry for files in listing for name, entry in files.items()}
+        markers.publish(
+            self.store,
+            directory,
+            self._state_files(step, state, {**meta, "format": SHARDED}),
+            meta={"step": step, "config_hash": self.config_hash},
+            written=shards_written,
         )
         self._purge(keep_from=step)
         return self.store.url(directory)

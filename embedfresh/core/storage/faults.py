@@ -41,8 +41,11 @@ _pid = 0
 def point_name(n: int, op: str, rel: str, rank: int | None = None) -> str:
     """The point's name: what the log records and :data:`FAULT_POINT` takes; ``rank``:
     this process's global rank when it is one of several (:func:`process_rank`)."""
-    name = f"{n} {op} {rel.strip('/')}"
-    return name if rank is None else f"rank{rank}: {name}"
+    return f"{_rank_prefix(rank)}{n} {op} {rel.strip('/')}"
+
+
+def _rank_prefix(rank: int | None) -> str:
+    return "" if rank is None else f"rank{rank}: "
 
 
 def process_rank() -> int | None:
@@ -68,12 +71,10 @@ def after_write(op: str, rel: str) -> None:
             f.write(name + "\n")
     if not target:
         return
-    if rank is not None:  # another rank's point is not this process's business
-        owner, _, target = target.partition(": ")
-        if owner != f"rank{rank}":
-            return
-        name = point_name(_count, op, rel)
-    n, _, _ = target.partition(" ")
+    mine = _rank_prefix(rank)
+    if not target.startswith(mine):  # another rank's point is not this process's business
+        return
+    n, _, _ = target.removeprefix(mine).partition(" ")
     if int(n) != _count:
         return
     if target != name:

@@ -124,14 +124,13 @@ def publish(
     with tempfile.TemporaryDirectory(prefix="embedfresh-version-") as tmp:
         local = os.path.join(tmp, WEIGHTS)
         save_file({k: v.contiguous() for k, v in weights.items()}, local)
-        listed: dict[str, bytes | tuple[str, int]] = {WEIGHTS: _file_digest(local)}
+        uploaded = {WEIGHTS: _file_digest(local)}
         store.put_file(local, f"{directory}/{WEIGHTS}")
-    for name, data in files.items():
-        store.write_bytes(f"{directory}/{name}", data)
-    markers.write_marker(
+    markers.publish(
         store,
         directory,
-        {**listed, **files},
+        files,
+        written=uploaded,
         meta={
             "model": spec.name,
             "version": version,

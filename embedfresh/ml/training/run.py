@@ -18,13 +18,11 @@ the very same code:
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 import torch
 
 from embedfresh.core import layout
@@ -60,6 +58,7 @@ from embedfresh.ml.training.state import (
     kernel_route,
     restore_checkpoint_state,
     route_changes,
+    seed_streams,
 )
 
 # The train job's logger: its log lines read the same wherever the code lives (tests
@@ -276,10 +275,7 @@ class TrainingRun:
         else:
             # dropout stream independent of how init was reached; one per rank. Python's
             # and NumPy's too: checkpoints record them, so equal runs write equal bytes.
-            torch.manual_seed(cfg.seed + backend.rank)
-            random.seed(cfg.seed + backend.rank)
-            np.random.seed((cfg.seed + backend.rank) % 2**32)
-            backend.seed(cfg.seed)
+            seed_streams(cfg.seed, backend)
         evaluator = None
         # A sharded model runs only on every rank at once: each evaluates, rank 0 writes.
         if cfg.eval_every is not None and (backend.is_main or self.sharding is not None):

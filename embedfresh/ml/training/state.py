@@ -162,10 +162,16 @@ def restore_checkpoint_state(
         backend.world_size,
     )
     set_rng_state(ranks[0], backend, seed=stream)
-    torch.manual_seed(stream + backend.rank)
-    random.seed(stream + backend.rank)
-    np.random.seed((stream + backend.rank) % 2**32)
-    backend.seed(stream)
+    seed_streams(stream, backend)
+
+
+def seed_streams(seed: int, backend: Backend) -> None:
+    """Seed this rank's own streams from ``seed``: torch's, Python's and NumPy's with
+    ``seed + rank``, and the device's (:meth:`Backend.seed`)."""
+    torch.manual_seed(seed + backend.rank)
+    random.seed(seed + backend.rank)
+    np.random.seed((seed + backend.rank) % 2**32)
+    backend.seed(seed)
 
 
 def rng_state(backend: Backend | None = None) -> dict[str, Any]:
