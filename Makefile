@@ -73,7 +73,7 @@ airflow: $(STAMP)
 ## 2-core box (docs/BENCHMARKS.md, "The test suite"). TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 ## ruff, then the import contracts ([tool.importlinter] in pyproject.toml) with lint-imports
 ## on the tree laid out as it installs (scripts/lint_imports.py).

@@ -2,7 +2,8 @@
 
 wait_for_partition -> health -> compile -> train -> evaluate -> gate -> gate_passed ->
 corpora -> list_shards -> embed (mapped, the candidate) -> verify -> load_index ->
-search_check -> release (verify, load_index and search_check mapped once per corpus).
+search_check -> [approve ->] release -> freshness (verify, load_index and search_check
+mapped once per corpus).
 
 ``wait_for_partition`` waits for a scheduled run's training partition to land (a
 deferrable sensor; ``EMBEDFRESH_PARTITION_WAIT_SECONDS``, by default the deadline less
@@ -19,11 +20,23 @@ the training graphs into the shared compile cache (a hit takes seconds); ``train
 the production model incrementally on the data interval's partition (resuming from its
 last checkpoint on a retry, with exponential backoff; the ``parallelism`` Param shards a
 model too large for one device over the ranks, ``nproc`` per node); ``evaluate`` scores it on the
-fixed held-out set; ``gate`` decides whether it may go live (the 0.1% SLA). A gate that
-does not PASS (FAIL, INCONCLUSIVE) is a decision, not an error: the gate task succeeds
-with the decision as its XCom (each metric's d and interval), ``gate_passed`` skips
-everything after it, and the run ends green with production and the live release
-untouched; the decision is on the Model quality page.
+fixed held-out set (search on the judged queries over the corpus, docs/GATE.md);
+``gate`` decides whether it may go live (the 0.1% SLA on nDCG@10, growing its
+evaluation while undecided). A gate that does not PASS (FAIL, INCONCLUSIVE) is a
+decision, not an error: the gate task succeeds with the decision as its XCom (each
+metric's d and interval), ``gate_passed`` skips everything after it, and the run ends
+green with production and the live release untouched; the decision is on the Model
+quality page.
+
+When nothing decides, a person does: with ``EMBEDFRESH_APPROVAL_TIMEOUT_MINUTES`` set
+(off by default, so scheduled runs stay unattended), an INCONCLUSIVE gate goes on to
+embed, load and check the candidate, an INCONCLUSIVE search check ends with its
+figures, and ``approve`` (Airflow's human-in-the-loop ``ApprovalOperator``) parks the
+run until a person approves (the release is recorded with who and why) or rejects;
+no answer before the timeout is a Reject. A FAIL is never asked about.
+``freshness`` runs last whatever happened: production's age in days of data, and an
+e-mail or webhook (``EMBEDFRESH_STALE_AFTER_DAYS``, default 3) naming the decisions that
+held it when it is stale.
 
 Then the candidate, not yet live, is made ready to serve, for every corpus of the
 ``corpora`` Param (default ``products``): ``embed`` (one mapped task per shard; with
@@ -84,7 +97,9 @@ from embedfresh.operators import (
     ReleaseOperator,
     SearchCheckOperator,
 )
+from embedfresh.operators.approval import ReleaseApprovalOperator, approval_timeout
 from embedfresh.operators.deadline import refresh_deadline_alert
+from embedfresh.operators.freshness import FreshnessOperator
 from embedfresh.operators.gate import decision_passed
 from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
@@ -100,6 +115,10 @@ from embedfresh.operators.partition import TrainingPartitionSensor
 from embedfresh.operators.resources import embed_fan_out, embed_max_children, task_resources
 
 CORPORA = "{{ params.corpora | tojson }}"
+#: The judged queries' cap, rendered empty when the Param is (the whole pool).
+CAP = "{{ params.judged_queries or '' }}"
+#: How long a person has to approve an undecided release; None: nobody is asked.
+APPROVAL = approval_timeout()
 # The candidate: the version the run's train job published (named after the run).
 CANDIDATE = "{{ run_id }}"
 # What the compile trial and the training share, so the trial traces the same graphs.
@@ -139,6 +158,13 @@ with DAG(
             "(sharded within a node, replicated across nodes)",
         ),
         "gate_metrics": gate_metrics_param(),
+        "judged_queries": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="The most judged queries the evaluation, the gate and the search "
+            "check use (empty: the whole pool; they grow into it only while undecided)",
+        ),
         "corpora": corpora_param(),
         "day": day_param(),
     },
@@ -175,19 +201,24 @@ with DAG(
         retry_exponential_backoff=2.0,
     )
     evaluate = EvaluationOperator(
-        task_id="evaluate", **COMMON_JOB_ARGS, **task_resources("evaluate")
+        task_id="evaluate", **COMMON_JOB_ARGS, **task_resources("evaluate"), max_queries=CAP
     )
     gate = QualityGateOperator(
         task_id="gate",
         **COMMON_JOB_ARGS,
         **task_resources("gate"),
         metrics="{{ params.gate_metrics | tojson }}",
+        max_queries=CAP,
         retries=0,
         on_success_callback=notifiers("gate"),  # tells people of a decision other than PASS
     )
-    # A gate that does not PASS is a decision: the run ends green, nothing below runs.
+    # A gate that does not PASS is a decision: the run ends green, nothing below runs
+    # (but for an INCONCLUSIVE one when the deployment lets a person decide).
     gate_passed = ShortCircuitOperator(
-        task_id="gate_passed", python_callable=decision_passed, op_args=[gate.output]
+        task_id="gate_passed",
+        python_callable=decision_passed,
+        op_args=[gate.output],
+        op_kwargs={"ask": APPROVAL is not None},
     )
 
     corpora = CorporaOperator(
@@ -224,6 +255,8 @@ with DAG(
         **INDEX_ARGS,
         **task_resources("search_check"),
         gate="gate",
+        ask=APPROVAL is not None,
+        max_queries=CAP,
         retries=0,
     ).expand(corpus=corpora.output)
     release = ReleaseOperator(
@@ -233,6 +266,9 @@ with DAG(
         **task_resources("release"),
         corpora=CORPORA,
         gate="gate",
+        approval="approve" if APPROVAL is not None else None,
+        # After an approval that skipped itself (nothing to ask), the release still runs.
+        trigger_rule="none_failed" if APPROVAL is not None else "all_success",
     )
 
     (
@@ -245,4 +281,24 @@ with DAG(
         >> gate_passed
         >> corpora
     )
-    embed >> verify >> load_index >> search_check >> release
+    embed >> verify >> load_index >> search_check
+    if APPROVAL is None:
+        search_check >> release
+    else:  # when nothing decides, a person does (operators/approval.py)
+        approve = ReleaseApprovalOperator(
+            task_id="approve",
+            gate="gate",
+            search_check="search_check",
+            model="{{ params.model }}",
+            response_timeout=APPROVAL,
+        )
+        search_check >> approve >> release
+    # Last, whatever happened (a teardown: never skipped, and never the run's own state):
+    # how old production is, and people told when it is stale.
+    freshness = FreshnessOperator(
+        task_id="freshness",
+        artifact_root="{{ params.artifact_root }}",
+        model="{{ params.model }}",
+        on_success_callback=notifiers("stale"),
+    ).as_teardown()
+    [gate_passed, release] >> freshness

@@ -23,7 +23,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from embedfresh.operators.base import EmbedfreshJobOperator
-from embedfresh.operators.evaluate import EvaluationOperator
+from embedfresh.operators.evaluate import EvaluationOperator, QueryCap
 from embedfresh.operators.reports import eval_report_name, gate_report_name
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,23 @@ def followed_task(operator: Any, named: str | None, kind: type, role: str) -> st
     return tasks[0].task_id if tasks else None
 
 
-def decision_passed(decision: Mapping[str, Any] | None) -> bool:
+def decision_passed(decision: Mapping[str, Any] | None, ask: bool = False) -> bool:
     """True when a gate's decision (its XCom) is PASS: the ``python_callable`` of a
     ``ShortCircuitOperator`` after the gate, so a declined candidate is neither embedded
-    nor released and the run stays green, with the decision logged."""
+    nor released and the run stays green, with the decision logged. ``ask``: an
+    INCONCLUSIVE decision goes on too, for a person to decide before the release
+    (:mod:`embedfresh.operators.approval`)."""
     if not decision:
         raise AirflowFailException("the gate returned no decision: it did not run")
     verdict = decision.get("verdict")
     if verdict == PASS:
         log.info("gate PASS: %s", decision.get("reason"))
+        return True
+    if ask and verdict == "INCONCLUSIVE":
+        log.warning(
+            "gate INCONCLUSIVE for candidate %s (%s): it is embedded and checked, and a "
+            "person is asked before any release", decision.get("candidate"), decision.get("reason"),
+        )  # fmt: skip
         return True
     log.warning(
         "gate %s for candidate %s: %s. Nothing downstream runs; production and the live "
@@ -79,7 +87,7 @@ def decision_passed(decision: Mapping[str, Any] | None) -> bool:
     return False
 
 
-class QualityGateOperator(EmbedfreshJobOperator):
+class QualityGateOperator(QueryCap, EmbedfreshJobOperator):
     """Decides whether the run's candidate may go live (``python -m embedfresh.jobs.gate``).
 
     Returns the decision as XCom: ``verdict`` (PASS, FAIL, INCONCLUSIVE), ``mode``,
@@ -105,6 +113,7 @@ class QualityGateOperator(EmbedfreshJobOperator):
         "mode",
         "tolerance",
         "metrics",
+        "max_queries",
     )
 
     def __init__(
@@ -114,9 +123,11 @@ class QualityGateOperator(EmbedfreshJobOperator):
         tolerance: float | str = 0.001,
         metrics: list[str] | str | None = None,
         evaluation: str | None = None,
+        max_queries: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_queries = max_queries
         self.mode = mode
         self.tolerance = tolerance
         self.metrics = metrics
@@ -144,6 +155,7 @@ class QualityGateOperator(EmbedfreshJobOperator):
             "eval_report": eval_report_name(self.evaluation or "evaluate"),
             # The decision is the outcome; parity still exits 3 on non-PASS (the job's rule).
             "refusal_exits": False,
+            **self.cap_setting(),
         }
         if self.metrics is not None:
             metrics = self.metrics

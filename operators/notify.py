@@ -40,6 +40,9 @@ Events (:data:`EVENTS`), each with a plain-text message whose subject says the d
   is about.
 - ``promote_anyway`` and ``rollback``: who (the user who triggered the run) and why (the
   run's ``reason``), for the task that moved the live release.
+- ``stale``: the refresh's ``freshness`` task found production older than
+  ``EMBEDFRESH_STALE_AFTER_DAYS`` (default 3) days of data: its age, and each run since
+  the live release that did not release, with its decisions (nothing when fresh).
 
 A deadline breach is not a callback with a task context: the Deadline Alert's callback
 (:func:`embedfresh.operators.deadline.record_deadline_breach`) calls
@@ -98,8 +101,9 @@ GATE = "gate"
 RUN_FAILED = "run_failed"
 PROMOTE_ANYWAY = "promote_anyway"
 ROLLBACK = "rollback"
+STALE = "stale"
 #: The events a DAG can ask notifiers for.
-EVENTS = (GATE, RUN_FAILED, PROMOTE_ANYWAY, ROLLBACK)
+EVENTS = (GATE, RUN_FAILED, PROMOTE_ANYWAY, ROLLBACK, STALE)
 #: The deadline breach's event name (sent by :func:`notify_deadline_breach`).
 DEADLINE_MISSED = "deadline_missed"
 
@@ -485,6 +489,41 @@ def run_failed_message(
     return Message(RUN_FAILED, subject, "\n".join(lines), tuple(links))
 
 
+def stale_message(facts: Mapping[str, Any], base_url: str | None = None) -> Message | None:
+    """The message for a stale production (:func:`embedfresh.core.freshness.freshness`'s
+    facts); None when it is fresh."""
+    if not facts.get("stale"):
+        return None
+    model = str(facts.get("model") or "?")
+    age, limit = facts.get("age_days"), facts.get("stale_after_days")
+    lines = [
+        f"Model {model}: production ({facts.get('production')}, release "
+        f"{facts.get('release')}) trained on data through {facts.get('trained_through')}, "
+        f"{age} days before the newest data ({facts.get('newest_data')}); the limit is "
+        f"{limit} days. No refresh has released since.",
+        "",
+        "What held it:",
+    ]
+    for run in facts.get("held_by") or []:
+        checks = "; ".join(
+            f"search check {c}: {v[0]} ({_cut(str(v[1]), 300)})"
+            for c, v in (run.get("search_checks") or {}).items()
+        )
+        lines.append(
+            f"- run {run.get('run_id')}: gate {run.get('gate')} on {run.get('n_queries')} "
+            f"queries ({_cut(str(run.get('reason')), 400)})" + (f"; {checks}" if checks else "")
+        )
+    if not facts.get("held_by"):
+        lines.append("- no refresh decided since the live release (none ran, or all failed)")
+    base = base_url or airflow_base_url()
+    return Message(
+        event=STALE,
+        subject=f"[embedfresh] STALE: {model} production is {age} days old",
+        body="\n".join(lines),
+        links=(("Model quality page", model_quality_url(model, base)),),
+    )
+
+
 def override_message(
     action: str,
     *,
@@ -639,6 +678,9 @@ def build_message(event: str, context: Mapping[str, Any]) -> Message | None:
             log_url=_log_url(context),
             model=_param(context, "model"),
         )
+    if event == STALE:
+        summary = _own_return_value(context)
+        return stale_message(summary) if isinstance(summary, Mapping) else None
     if event in (PROMOTE_ANYWAY, ROLLBACK):
         task = context.get("task")
         summary = _own_return_value(context)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import AssetAlias
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from embedfresh.operators.approval import approved
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     MODEL_PROMOTIONS_ALIAS,
@@ -31,6 +32,7 @@ from embedfresh.operators.assets import (
 from embedfresh.operators.base import EmbedfreshJobOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import corpora_list
+from embedfresh.operators.evaluate import QueryCap
 from embedfresh.operators.gate import PASS, QualityGateOperator, followed_task
 from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.reports import gate_report_name
@@ -119,34 +121,50 @@ class IndexLoadOperator(_CorpusOperator):
     job_name = "index_load"
 
 
-class SearchCheckOperator(_CorpusOperator):
+class SearchCheckOperator(QueryCap, _CorpusOperator):
     """Checks search on the release's table before it goes live
     (``python -m embedfresh.jobs.search_check``): the index is faithful (ANN against exact
-    top 10) and search is no worse than the live release's (recall@10 over the whole
-    corpus, paired, the gate's 0.1% rule). Exit 3 (no retry, no release) when not.
+    top 10) and search is no worse than the live release's (nDCG@10 of the judged
+    queries through the index, paired, the gate's 0.1% rule and looks). Exit 3 (no
+    retry, no release) when not.
 
     :param corpus: the corpus (templated).
     :param version: as :class:`IndexLoadOperator`'s (templated).
     :param regression: ``enforce`` (default) or ``report`` (a person's promote-anyway:
         the comparison is reported, not enforced) (templated).
-    :param gate: the run's gate whose recall@10 decision the check may rest on when
-        search over the whole corpus is undecided; None: the DAG's only gate.
+    :param gate: the run's gate, whose number of judged queries is the check's first
+        look; None: the DAG's only gate.
+    :param max_queries: the most judged queries its looks use (templated; ``QueryCap``).
+    :param ask: an INCONCLUSIVE check succeeds with its verdict as XCom, for a person to
+        decide (:class:`~embedfresh.operators.approval.ReleaseApprovalOperator`); FAIL
+        always fails the task.
     """
 
     job_name = "search_check"
-    template_fields: Sequence[str] = (*_CorpusOperator.template_fields, "regression")
+    template_fields: Sequence[str] = (*_CorpusOperator.template_fields, "regression", "max_queries")
 
     def __init__(
-        self, *, regression: str = "enforce", gate: str | None = None, **kwargs: Any
+        self,
+        *,
+        regression: str = "enforce",
+        gate: str | None = None,
+        ask: bool = False,
+        max_queries: int | str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_queries = max_queries
         self.regression = regression
         self.gate = followed_task(self, gate, QualityGateOperator, "gate")
+        self.ask = ask
 
     def job_specific_settings(self) -> dict[str, Any]:
         settings = {**super().job_specific_settings(), "regression": self.regression}
+        settings.update(self.cap_setting())
         if self.gate:
             settings["gate_report"] = gate_report_name(self.gate)
+        if self.ask:  # a person decides an INCONCLUSIVE check (operators/approval.py)
+            settings["inconclusive_exits"] = False
         return settings
 
 
@@ -207,6 +225,10 @@ class ReleaseOperator(_AnnouncesRelease):
         the release follows (its decision, its report); None: the DAG's only gate
         (several: refused when the DAG file is parsed), or the run's ``gate.json`` when
         the DAG has none (a gate of another DAG of the same run id).
+    :param approval: the task id of a
+        :class:`~embedfresh.operators.approval.ReleaseApprovalOperator` before it: when a
+        person approved there, the release is theirs (``promote_anyway``, who answered,
+        why they said).
     """
 
     job_name = "release"
@@ -223,9 +245,11 @@ class ReleaseOperator(_AnnouncesRelease):
         reason: str = "",
         who: str = TRIGGERING_USER,
         gate: str | None = None,
+        approval: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.approval = approval
         # A list, a template, or an XCom of a list: parsed when the job spec is built.
         self.corpora = list(corpora) if isinstance(corpora, list | tuple) else corpora
         self.version = version
@@ -235,6 +259,12 @@ class ReleaseOperator(_AnnouncesRelease):
         self.gate = followed_task(self, gate, QualityGateOperator, "gate")
 
     def execute(self, context: Any) -> dict[str, Any]:
+        if self.approval and self.action == "promote":
+            answer = approved(context["ti"].xcom_pull(task_ids=self.approval))
+            if answer is not None:  # a person released what the gate could not decide
+                run_id = context["run_id"]
+                self.action, self.who = "promote_anyway", answer["who"]
+                self.reason = f"approved in run {run_id}: {answer['why']}"
         self.follow_gate(context)
         return super().execute(context)
 

@@ -1,24 +1,26 @@
-"""The embedded demo: ``embedding_model_refresh`` through Airflow, two consecutive days.
+"""The embedded demo: ``embedding_model_refresh`` through Airflow, day after day.
 
 Generates the data set into a local artifact folder, prepares a project-local Airflow
-(``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for two
-consecutive days (each a manual run given its ``day`` Param), each in a fresh
-interpreter: health -> compile -> train -> evaluate -> gate -> embed the candidate (one
-mapped task per corpus shard) -> verify -> load_index -> search_check -> release, every
-job a ``python -m embedfresh.jobs.<name>`` process as in production. Day 2 trains
-incrementally from the model day 1 released. Ends with a short summary: per day the gate
-decision and metrics, the search check's figures and the release, then the live release
-with its vector index (the embedded PostgreSQL + pgvector under the artifact root) and
-a query searched through ``python -m embedfresh.jobs.search``, compute-hours and the
-estimated cost. Run it with ``make demo``; ``make airflow`` then shows the same
-runs in the web UI (same AIRFLOW_HOME and artifact root), as a scheduler's runs read: real
-start and end times, and each task's log where the api-server looks for it.
+(``AIRFLOW_HOME=./airflow-home``, SQLite), then runs the DAG with ``dag.test()`` for
+consecutive days (two by default, ``--days N`` for more: ``--days 8`` is the week of
+docs/GATE.md), each a manual run given its ``day`` Param, each in a fresh interpreter:
+health -> compile -> train -> evaluate -> gate -> embed the candidate (one mapped task
+per corpus shard) -> verify -> load_index -> search_check -> release, every job a
+``python -m embedfresh.jobs.<name>`` process as in production. Each day trains
+incrementally from the model production holds. Ends with a short summary: per day the
+gate decision and its figures (nDCG@10 of the judged queries with its interval, how
+many queries decided it), the search check's and the release, then the live release
+with its vector index (the embedded PostgreSQL + pgvector under the artifact root) and a
+query searched through ``python -m embedfresh.jobs.search``, compute-hours and the
+estimated cost; with ``--figures FILE``, the same per day as JSON. Run it with ``make
+demo``; ``make airflow`` then shows the same runs in the web UI (same AIRFLOW_HOME and
+artifact root), as a scheduler's runs read: real start and end times, and each task's
+log where the api-server looks for it.
 
-The gate decides day 2 on the demo's 10,000 eval rows because recall@10 is measured over
-a fixed pool of 100 candidates per query (docs/GATE.md); a run whose gate does not PASS
-fails at ``gate``, the live release stays where it was, and the summary says why. The
-corpus is the whole product catalogue (24,000 products), so every eval query's relevant
-products are in it and the search check measures them all (docs/SEARCH.md).
+The corpus is the whole product catalogue (24,000 products) and the generator judges
+every product for each of its held-out queries (docs/DATA.md), so search is judged
+completely, on nDCG@10 (docs/GATE.md); a run whose gate does not PASS ends green at
+``gate``, the live release stays where it was, and the summary says why.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from embedfresh.jobs.generate_data import DEFAULT_JUDGED_QUERIES  # noqa: E402
 
 DAG_ID = "embedding_model_refresh"
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
@@ -235,14 +239,17 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
     if evaluated:
         m = evaluated["metrics"]
         lines.append(
-            f"    eval ({evaluated.get('n_examples', '?')} pairs, "
-            f"{evaluated.get('n_queries', '?')} queries): accuracy {m['accuracy']:.4f}  "
-            f"auc {m['auc']:.4f}  log_loss {m['log_loss']:.4f}  recall@10 {m['recall_at_10']:.4f}"
+            f"    eval ({evaluated['n_queries']} of {evaluated['search']['pool']} judged queries, "
+            f"{evaluated['n_examples']} pairs): nDCG@10 {m['ndcg_at_10']:.4f}  recall@100 "
+            f"{m['recall_at_100']:.4f}  MRR@10 {m['mrr_at_10']:.4f}; head: accuracy "
+            f"{m['accuracy']:.4f}  auc {m['auc']:.4f}"
         )
     if gate:
+        looks = gate.get("looks") or []
         lines.append(
             f"    gate: {gate['verdict']} vs {gate['reference']['version']} "
-            f"({gate['reference']['source']}): {gate['reason']}"
+            f"({gate['reference']['source']}), {gate.get('n_queries')} queries in "
+            f"{len(looks)} look(s): {gate['reason']}"
         )
         for metric in gate.get("metrics", []):
             d, low, high = metric.get("d"), metric.get("ci_low"), metric.get("ci_high")
@@ -255,23 +262,13 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             )
         if gate["verdict"] == "INCONCLUSIVE":
             lines.append(
-                "      (the interval is too wide to decide: production stays; a larger eval "
-                "set would decide, see docs/GATE.md)"
+                "      (the interval is too wide to decide even over the whole pool: "
+                "production stays; a larger pool of judged queries would decide, docs/GATE.md)"
             )
     else:
         lines.append("    gate: not reached (see the task log)")
     if check:
-        against = (check.get("regression") or {}).get("with") or {}
-        versus = (
-            f" vs release {against['release']} {against['recall_at_10']:.4f}" if against else ""
-        )
-        lines.append(
-            f"    search check: {check['verdict']}: ANN recall@10 {check['ann_recall']:.4f} "
-            f"(min {check['min_ann_recall']}), recall@10 over the corpus "
-            f"{check['recall_at_10']:.4f}{versus} ({check['queries']} queries; latency p50 "
-            f"{check['latency_ms']['p50']} ms, p99 {check['latency_ms']['p99']} ms)"
-        )
-        lines.append(f"      {check['reason']}")
+        lines += check_lines(check)
     release = report_release(store, run_id)
     lines.append(f"    release: {release}")
     costs = read_run_costs(store, "tiny", run_id)
@@ -284,6 +281,59 @@ def day_summary(store, day: dt.date, facts: dict) -> list[str]:
             f"${total['estimated_cost_usd']:.6f} as {costs[0]['instance_type']}"
         )
     return lines
+
+
+def check_lines(check: dict) -> list[str]:
+    """The search check's figures: the index's faithfulness, nDCG@10 through the index
+    and, against the live release, d with its interval."""
+    regression = check.get("regression") or {}
+    against = regression.get("with") or {}
+    versus = f" vs release {against['release']} {against['ndcg_at_10']:.4f}" if against else ""
+    lines = [
+        f"    search check: {check['verdict']}: ANN recall@10 {check['ann_recall']:.4f} (min "
+        f"{check['min_ann_recall']}) at ef_search {check['index']['ann']['ef_search']}, nDCG@10 "
+        f"loss {check.get('ndcg_loss') or 0:.3%}; nDCG@10 through the index "
+        f"{check['ndcg_at_10']:.4f}"
+        f"{versus} ({check['queries_judged']} judged queries; latency p50 "
+        f"{check['latency_ms']['p50']} ms, p99 {check['latency_ms']['p99']} ms)"
+    ]
+    for metric in (regression.get("gate") or {}).get("metrics", []):
+        lines.append(
+            f"      {metric['metric']:<13} d {metric['d']:+.3%} [{metric['ci_low']:+.3%}, "
+            f"{metric['ci_high']:+.3%}]  {metric['verdict']}"
+        )
+    return [*lines, f"      {check['reason']}"]
+
+
+def day_figures(store, day: dt.date, facts: dict) -> dict:
+    """One day's decisions as data (``--figures``): the gate's and the search check's."""
+    from embedfresh.core import layout
+
+    def report(kind: str) -> dict:
+        rel = layout.report("tiny", facts["run_id"], kind)
+        return store.read_json(rel) if store.exists(rel) else {}
+
+    gate, check = report("gate"), report("search-products")
+
+    def metric(doc: dict, name: str) -> dict:
+        found = [m for m in doc.get("metrics", []) if m.get("metric") == name]
+        return {k: found[0].get(k) for k in ("d", "ci_low", "ci_high")} if found else {}
+
+    regression = check.get("regression") or {}
+    return {
+        "day": day.isoformat(),
+        "run_id": facts["run_id"],
+        "state": facts["state"],
+        "seconds": facts["seconds"],
+        "gate": gate.get("verdict"),
+        "gate_queries": gate.get("n_queries"),
+        "gate_looks": len(gate.get("looks") or []),
+        "gate_ndcg": metric(gate, "ndcg_at_10"),
+        "search_check": check.get("verdict"),
+        "search_queries": check.get("queries_judged"),
+        "search_ndcg": metric(regression.get("gate") or {}, "ndcg_at_10"),
+        "released": store.exists(layout.release("tiny", facts["run_id"])),
+    }
 
 
 def report_release(store, run_id: str) -> str:
@@ -326,7 +376,15 @@ def main() -> None:
         "--corpus-rows", type=int, default=24000, help="the whole catalogue: every eval product"
     )
     parser.add_argument("--corpus-shard-rows", type=int, default=6000)
+    parser.add_argument(
+        "--judged-queries",
+        type=int,
+        default=DEFAULT_JUDGED_QUERIES,
+        help="held-out queries judged against the whole corpus",
+    )
+    parser.add_argument("--days", type=int, default=2, help="consecutive days refreshed")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--figures", help="write each day's decisions to this JSON file")
     args = parser.parse_args()
 
     folder = Path(args.root).resolve()
@@ -347,16 +405,18 @@ def main() -> None:
         "products",
         0,
         start,
-        2,
+        args.days,
         args.train_rows,
         args.eval_rows,
         "products",
         args.corpus_rows,
         args.corpus_shard_rows,
+        args.judged_queries,
     )
     print(
-        f"demo: generated {generated['train_rows']} training rows over 2 days, "
-        f"{args.eval_rows} eval rows, a corpus of {args.corpus_rows} products"
+        f"demo: generated {generated['train_rows']} training rows over {args.days} days, "
+        f"{args.eval_rows} eval rows, {generated['judgments']['queries']} judged queries, a "
+        f"corpus of {args.corpus_rows} products"
     )
 
     home.mkdir(parents=True, exist_ok=True)
@@ -375,12 +435,15 @@ def main() -> None:
             sys.exit(f"demo: {' '.join(command[:4])} failed:\n{pool.stderr[-3000:]}")
 
     conf = {"artifact_root": root, "model": "tiny", "backend": "cpu", "epochs": args.epochs}
-    days = [start + dt.timedelta(days=i) for i in range(2)]
+    days = [start + dt.timedelta(days=i) for i in range(args.days)]
     results = [(day, run_day(env, home, day, conf)) for day in days]
 
     print("\n=== embedded demo: summary ===")
     for day, facts in results:
         print("\n".join(day_summary(store, day, facts)))
+    if args.figures:
+        figures = [day_figures(store, day, facts) for day, facts in results]
+        Path(args.figures).write_text(json.dumps(figures, indent=2) + "\n")
     from embedfresh.core.releases import live_release
 
     live = live_release(store, "tiny")

@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DAY1 = dt.date(2026, 1, 1)
 DAY2 = dt.date(2026, 1, 2)
 # Small enough that a training run takes seconds, large enough to learn something.
-DATA = dict(days=2, train_rows=1024, eval_rows=768, corpus_rows=600, corpus_shard_rows=200)
+DATA = dict(
+    days=2,
+    train_rows=1024,
+    eval_rows=768,
+    corpus_rows=600,
+    corpus_shard_rows=200,
+    judged_queries=2000,
+)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -109,6 +116,7 @@ def write_demo_store(root: str) -> None:
         "--eval-rows": DATA["eval_rows"],
         "--corpus-rows": DATA["corpus_rows"],
         "--corpus-shard-rows": DATA["corpus_shard_rows"],
+        "--judged-queries": DATA["judged_queries"],
     }
     done = subprocess.run(
         [sys.executable, "-m", "embedfresh.jobs.generate_data", "--root", root]
@@ -137,6 +145,7 @@ def write_data(root: str, seed: int = 0) -> None:
         "products",
         DATA["corpus_rows"],
         DATA["corpus_shard_rows"],
+        DATA["judged_queries"],
     )
 
 

@@ -165,8 +165,8 @@ def test_help_formats_descriptions_as_plain_wrapped_text() -> None:
     assert "``" not in text and ":func:" not in text
     assert max(len(line) for line in text.splitlines()) <= cli.HELP_WIDTH
     assert "  version: str | None, default null\n" in text
-    assert "  recall_pool: int | None (> 10), default 100\n" in text
-    assert "embedfresh.ml.evaluation.recall_pools" in text
+    assert "  queries: int | None (>= 1), default 4000\n" in text
+    assert "(judgments.json), else products." in text
 
 
 def test_help_in_a_real_process() -> None:

@@ -198,6 +198,7 @@ def test_neuron_trial_runs_under_neuron_parallel_compile(
         "run_id",
         "max_steps",
         "eval_every",
+        "eval_queries",
         "checkpoint_every",
         "init",
         "data_interval_end",
@@ -207,6 +208,7 @@ def test_neuron_trial_runs_under_neuron_parallel_compile(
     assert trial.compile_cache_root == ArtifactStore(root).root
     assert trial.artifact_root != real.artifact_root
     assert (trial.max_steps, trial.eval_every, trial.checkpoint_every) == (5, 5, 4)
+    assert trial.eval_queries == 64  # its evaluation's graphs count, not its figures
     assert neuron_env(trial) == neuron_env(real)
 
     report = _report(root, "n1")

@@ -194,6 +194,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "load_index": ["corpora", "verify"],
         "search_check": ["corpora", "load_index"],
         "release": ["search_check"],
+        "freshness": ["gate_passed", "release"],
     }
     train = tasks["train"]
     assert train["retries"] == 2 and train["retry_exponential_backoff"] == 2.0
@@ -214,7 +215,8 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "epochs": 3,
         "nproc": 1,
         "parallelism": "ddp",
-        "gate_metrics": ["accuracy", "auc", "log_loss", "recall_at_10"],
+        "gate_metrics": ["ndcg_at_10"],
+        "judged_queries": None,
         "corpora": ["products"],
         "day": None,  # not "": the Trigger form takes an empty string for a missing value
     }
@@ -230,6 +232,22 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
             },
         }
     ]
+
+
+def test_approvals_put_a_person_before_the_release_when_the_deployment_asks(tmp_path: Path):
+    """With EMBEDFRESH_APPROVAL_TIMEOUT_MINUTES set, the refresh asks before it releases
+    (Airflow's ApprovalOperator, Reject on timeout); the release runs after an approval
+    that had nothing to ask (it skipped itself). A bad setting fails the DAG file."""
+    dag = parse_dags(tmp_path, {"EMBEDFRESH_APPROVAL_TIMEOUT_MINUTES": "90"})["dags"][
+        "embedding_model_refresh"
+    ]
+    tasks = dag["tasks"]
+    assert tasks["approve"]["upstream"] == ["search_check"]
+    assert tasks["release"]["upstream"] == ["approve"]
+    errors = parse_dags(
+        tmp_path, {"EMBEDFRESH_APPROVAL_TIMEOUT_MINUTES": "soon"}, allow_errors=True
+    )["import_errors"]
+    assert errors and all("EMBEDFRESH_APPROVAL_TIMEOUT_MINUTES" in e for e in errors.values())
 
 
 def test_refresh_deadline_comes_from_the_environment(tmp_path: Path):

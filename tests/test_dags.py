@@ -316,7 +316,7 @@ def check_embedding_model_refresh(run: Run) -> None:
     facts, output, artifacts, reports = run.facts, run.output, run.artifacts, run.reports
     single = [
         "wait_for_partition", "health", "compile", "train", "evaluate", "gate", "gate_passed", "corpora",
-        "list_shards", "release",
+        "list_shards", "release", "freshness",
     ]  # fmt: skip
     per_corpus = ["verify", "load_index", "search_check"]
     assert facts["tasks"] == sorted(
@@ -329,6 +329,10 @@ def check_embedding_model_refresh(run: Run) -> None:
 
     check_documented_xcom(facts["xcom"])
     run_id = facts["run_id"]
+    fresh = facts["xcom"]["freshness"]
+    # The release just made trained through the run's own day: production is current.
+    assert (fresh["production"], fresh["trained_through"]) == (run_id, "2026-01-02"), fresh
+    assert (fresh["age_days"], fresh["stale"], fresh["held_by"]) == (0, False, []), fresh
     assert json.loads((reports / "health.json").read_text())["verdict"] == "PASS"
     assert json.loads((reports / "compile.json").read_text())["backend"] == "cpu"
     assert facts["xcom"]["health"]["verdict"] == "PASS"
@@ -660,6 +664,7 @@ CASES: dict[str, DagCase] = {
             "load_index",
             "search_check",
             "release",
+            "freshness",
         ),
         timeout=400,
     ),

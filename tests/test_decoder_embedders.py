@@ -103,9 +103,10 @@ def test_a_decoder_trains_evaluates_and_gates_unchanged(tmp_path: Path) -> None:
     run = [*common, "run_id=r1"]
     trained = last_json(run_job("train", *run, f"data_interval_start={DAY1}", "max_steps=3"))
     assert trained["steps"] == 3 and np.isfinite(trained["final_loss"])
-    assert last_json(run_job("evaluate", *run))["metrics"]["recall_at_10"] > 0
-    gated = last_json(run_job("gate", *run, "refusal_exits=false"))
-    assert [m["metric"] for m in gated["metrics"]] == ["recall_at_10"]
+    assert last_json(run_job("evaluate", *run))["metrics"]["ndcg_at_10"] > 0
+    head = '["ndcg_at_10", "accuracy", "auc", "log_loss"]'
+    gated = last_json(run_job("gate", *run, "refusal_exits=false", f"metrics={head}"))
+    assert [m["metric"] for m in gated["metrics"]] == ["ndcg_at_10"]
     assert set(gated["metrics_not_compared"]) == {"accuracy", "auc", "log_loss"}
 
 

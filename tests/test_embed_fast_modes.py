@@ -9,12 +9,15 @@ import shutil
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from embedfresh.core import cli, layout
 from embedfresh.core.config import EmbedConfig
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.embed import embed
 from embedfresh.ml.backends import get_backend
@@ -422,3 +425,61 @@ def test_int8_parts_come_from_one_calibration_whatever_the_task_or_rerun(root: s
     assert report["shards_done"] == [0] and report["shards_skipped"] == [1, 2], report
     part = f"{out}/{layout.part_name(0)}"
     assert ArtifactStore(root).read_bytes(part) == other.read_bytes(part)
+
+
+@pytest.mark.parametrize("mode", ["none", "int8"])
+def test_the_gate_scores_the_vectors_the_release_serves(
+    root: str, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The evaluation the gate decides on embeds documents and queries by the serving
+    route: its document vectors are the embedding set's parts (what the index loads),
+    its query vectors what the release's query encoder gives, int8 included (the same
+    PT2E model, calibrated on the same corpus shard). The fast mode's own gate is forced
+    to PASS here: what it decides is tested above, here only what the vectors are."""
+    from embedfresh.core.config import EvaluateConfig
+    from embedfresh.core.embedding_sets import iter_parts, read_embedding_set
+    from embedfresh.jobs.embed_verify import verify
+    from embedfresh.ml.embedding.query import ReleaseEncoder
+    from embedfresh.ml.evaluation import VersionEval, served_vectors
+
+    real_gate = precision.gate
+    monkeypatch.setattr(
+        precision,
+        "gate",
+        lambda *a, **k: GateResult(**{**real_gate(*a, **k).__dict__, "verdict": Verdict.PASS}),
+    )
+    store = _publish(root)
+    assert _run(root, mode=mode) == 0
+    argv = ["--set", f"artifact_root={root}", "--set", "model=tiny", "--set", "version=v1"]
+    assert cli.run_job("embed_verify", EmbedConfig, verify, argv) == 0
+    eset = read_embedding_set(store, "tiny", "v1", "products")
+    parts = {}
+    for _, ids, vectors in iter_parts(store, eset):
+        parts.update(zip(ids.tolist(), vectors, strict=True))
+
+    ev = VersionEval.load(
+        EvaluateConfig(artifact_root=root, run_id="g", version="v1", quantize=mode)
+    )
+    assert ev.settings == {k: eset.settings[k] for k in ev.settings}
+    docs = ev.encoder.documents(ev.searcher.texts)
+    served = np.stack([parts[i] for i in ev.searcher.ids.tolist()])
+    assert ((docs * served).sum(1)).min() >= 0.99999
+    texts = ev.searcher.judgments.texts[:200]
+    release = ReleaseEncoder(store, "tiny", "v1", "products", eset.settings)
+    cos = (ev.encoder.queries(texts) * release.queries(texts)).sum(1)
+    assert cos.min() >= 0.99999
+    # So an evaluation of a version whose set is current reads the served vectors rather
+    # than embedding the corpus again, and says so; a changed corpus shard stops that.
+    assert served_vectors(store, "tiny", "v1", "products", ev.settings, ev.searcher.ids)
+    ev.run()
+    assert ev.describe()["documents_from"] == eset.manifest_url
+    assert np.array_equal(ev.docs, served)
+    if mode == "none":
+        shard = f"{layout.corpus('products')}/{layout.part_name(0)}"
+        table = read_parquet(store, shard)
+        texts = pa.array([t + " (changed)" for t in table.column("text").to_pylist()])
+        sink = pa.BufferOutputStream()
+        pq.write_table(table.set_column(1, "text", texts), sink)
+        store.write_bytes(shard, sink.getvalue().to_pybytes())
+        ids = ev.searcher.ids
+        assert served_vectors(store, "tiny", "v1", "products", ev.settings, ids) is None

@@ -47,7 +47,7 @@ MODEL = "tiny"
 LARGE_ROWS = 10_000
 SMALL_ROWS = 200
 TOLERANCE = 0.001
-ALL_METRICS = ("accuracy", "auc", "log_loss", "recall_at_10")
+ALL_METRICS = ["accuracy", "auc", "log_loss", "ndcg_at_10"]
 # The degraded candidate: accuracy on the large split this much (relatively) worse.
 DROP_RANGE = (0.008, 0.015)
 NOISE_SCALES = (0.3, 0.5, 0.8, 1.2)
@@ -114,7 +114,7 @@ def check_common(report: dict, n_examples: int, metrics=ALL_METRICS) -> None:
     for m in report["metrics"]:
         assert m["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
         assert m["ci_low"] <= m["d"] <= m["ci_high"], m
-        expected_n = report["n_queries"] if m["metric"] == "recall_at_10" else n_examples
+        expected_n = report["n_queries"] if m["metric"] == "ndcg_at_10" else n_examples
         assert m["n"] == expected_n, m
         assert m["d"] == pytest.approx((m["m_cand"] - m["m_ref"]) / m["m_ref"])
 
@@ -219,6 +219,9 @@ def world(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Worl
     store.write_bytes(
         f"{layout.eval_split('small')}/part-00000.parquet", buf.getvalue().to_pybytes()
     )
+    for name in store.listdir(layout.judgments("large")):  # the same judged queries
+        rel = f"{layout.judgments('large')}/{name}"
+        store.write_bytes(f"{layout.judgments('small')}/{name}", store.read_bytes(rel))
 
     # Three epochs at the tiny config's default learning rate (1e-3) leave the relevance
     # head predicting the majority class (every probability < 0.5: accuracy = share of
@@ -247,7 +250,9 @@ def train(cfg: TrainConfig) -> dict:
 @pytest.fixture(scope="module")
 def identical(world: World) -> dict:
     """The trained candidate gated against itself (reference pinned to its own version)."""
-    summary = run_gate(GateConfig(artifact_root=world.root, run_id="cand", reference="cand"))
+    summary = run_gate(
+        GateConfig(artifact_root=world.root, run_id="cand", reference="cand", metrics=ALL_METRICS)
+    )
     return summary
 
 
@@ -306,7 +311,11 @@ def test_degraded_candidate_fails_and_production_stays(
     assert before is not None
 
     with pytest.raises(GateRefusedError, match=r"^FAIL: accuracy: ") as exc:
-        run_gate(GateConfig(artifact_root=world.root, run_id="degraded", dataset="large"))
+        run_gate(
+            GateConfig(
+                artifact_root=world.root, run_id="degraded", dataset="large", metrics=ALL_METRICS
+            )
+        )
     assert exc.value.exit_code == ExitCode.GATE_REFUSED
     assert "vs production cand" in str(exc.value)
 
@@ -444,7 +453,7 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     # if the baseline is what job.py documents, every d is exactly 0.
     publish_base_weights(store, "first")
     evaluate(EvaluateConfig(artifact_root=root, run_id="first"))
-    summary = run_gate(GateConfig(artifact_root=root, run_id="first"))
+    summary = run_gate(GateConfig(artifact_root=root, run_id="first", metrics=ALL_METRICS))
     assert summary["verdict"] == "PASS" and summary["reference"] == "baseline"
 
     report = gate_report(store, "first")
@@ -452,8 +461,8 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     assert report["reference"]["version"] == "baseline"
     assert report["production_at_decision"] is None
     # The baseline's relevance head is a seeded random init: the gate compares only
-    # recall@10, and says why the head's metrics were left out.
-    check_common(report, n_examples=768, metrics=("recall_at_10",))
+    # nDCG@10, and says why the head's metrics were left out.
+    check_common(report, n_examples=768, metrics=("ndcg_at_10",))
     assert set(report["metrics_not_compared"]) == {"accuracy", "auc", "log_loss"}
     assert all("seeded random" in why for why in report["metrics_not_compared"].values())
     assert summary["metrics_not_compared"] == report["metrics_not_compared"]
@@ -473,7 +482,7 @@ def test_first_run_is_gated_against_the_baseline(root: str):
     # published (as train does), so every metric of the config is compared.
     publish_base_weights(store, "second")
     evaluate(EvaluateConfig(artifact_root=root, run_id="second"))
-    run_gate(GateConfig(artifact_root=root, run_id="second"))
+    run_gate(GateConfig(artifact_root=root, run_id="second", metrics=ALL_METRICS))
     report = gate_report(store, "second")
     assert report["reference"]["source"] == "production"
     assert report["reference"]["version"] == "first"
@@ -491,7 +500,7 @@ def test_a_gate_on_head_metrics_alone_against_an_untrained_head_is_refused(root:
     evaluate(EvaluateConfig(artifact_root=root, run_id="head"))
     files = Path(root.removeprefix("file://"))
     before = sorted(files.rglob("*"))
-    with pytest.raises(BadInputError, match=r"metrics=\[.*recall_at_10") as exc:
+    with pytest.raises(BadInputError, match=r"metrics=\[.*ndcg_at_10") as exc:
         run_gate(GateConfig(artifact_root=root, run_id="head", metrics=["accuracy", "auc"]))
     assert "never trained" in str(exc.value) and exc.value.exit_code == ExitCode.BAD_INPUT
     assert versions.is_committed(store, MODEL, "baseline") is None
@@ -559,3 +568,46 @@ def test_zero_eval_rows_is_bad_input(root: str):
         run_gate(GateConfig(artifact_root=root, run_id="z", reference="z"))
     assert exc.value.exit_code == ExitCode.BAD_INPUT
     assert not store.exists(layout.report(MODEL, "z", "gate"))
+
+
+# --- looks: an evaluation that grows while undecided -------------------------------------
+
+
+def test_an_undecided_gate_evaluates_more_queries_and_looks_again(world: World):
+    """A candidate two steps of training away from its reference, evaluated on 25 judged
+    queries first: too few to decide, so the gate evaluates both sides on more (50, 100,
+    ... up to max_queries) and looks again at each look's own confidence. What it decides
+    on is what a direct evaluation of that many queries gives, side by side."""
+    root, store = world.root, world.store
+    train(
+        TrainConfig(
+            artifact_root=root, run_id="nudge", data_interval_start=DAY1, init_version="cand",
+            max_steps=2, log_every=1000,
+        )
+    )  # fmt: skip
+    evaluate(EvaluateConfig(artifact_root=root, run_id="nudge", queries=25))
+    summary = run_gate(
+        GateConfig(artifact_root=root, run_id="nudge", reference="cand", max_queries=400)
+    )
+    report = gate_report(store, "nudge")
+    looks = report["looks"]
+    sizes = [look["n_queries"] for look in looks]
+    assert sizes == [25, 50, 100, 200, 400][: len(sizes)] and len(sizes) > 1, looks
+    assert all(look["verdict"] == "INCONCLUSIVE" for look in looks[:-1]), looks
+    assert looks[-1]["verdict"] == report["verdict"] == summary["verdict"]
+    assert report["n_queries"] == summary["n_queries"] == sizes[-1]
+    assert report["sequential"].startswith("group-sequential")
+    # Each look at its planned confidence, spending at most 2.5% a tail in all.
+    assert sum((1 - look["confidence"]) / 2 for look in looks) <= 0.025 + 1e-12
+    # The grown evaluation is the evaluation of that many queries.
+    m = metric(report, "ndcg_at_10")
+    assert m["n"] == sizes[-1]
+    for run, version, value in (
+        ("direct-c", "nudge", m["m_cand"]),
+        ("direct-r", "cand", m["m_ref"]),
+    ):
+        direct = evaluate(
+            EvaluateConfig(artifact_root=root, run_id=run, version=version, queries=sizes[-1])
+        )
+        assert direct["metrics"]["ndcg_at_10"] == pytest.approx(value, abs=1e-6)
+    print("looks:", [(look["n_queries"], look["verdict"]) for look in looks])

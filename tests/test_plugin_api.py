@@ -41,7 +41,7 @@ def corpus_release(
     *,
     corpus: str = "products",
     compared_with: dict | None = None,
-    recall: float = 0.3875,
+    ndcg: float = 0.3875,
 ) -> CorpusRelease:
     """One corpus of a release as the release job records it, for ``version``'s set."""
     from embedfresh.core.index.base import live_view_name, table_name
@@ -66,10 +66,11 @@ def corpus_release(
             "reason": "the index is faithful (98.75%); search is no worse than release "
             f"{(with_ or {}).get('release')}",
             "queries": 48,
-            "queries_left_out": 0,
+            "queries_judged": 48,
             "ann_recall": 0.9875,
             "min_ann_recall": 0.95,
-            "recall_at_10": recall,
+            "ndcg_at_10": ndcg,
+            "judged_at_10": 1.0,
             "latency_ms": {"p50": 2.25, "p99": 7.5, "queries": 48},
             "dataset": "products",
             "compared_with": with_,
@@ -263,7 +264,7 @@ def test_the_live_release_panel_shows_each_corpus_with_its_search_check(client: 
     """The fixture's release document's figures, each where a person looks for it: the
     embedding set (rows, dimensions, settings, manifest and its sha256), the index table
     (table, live view, where, HNSW settings) and the search check (verdict and reason,
-    queries, ANN recall against its floor, recall@10, latency, the report)."""
+    queries, ANN recall against its floor, nDCG@10, latency, the report)."""
     store_doc = json.loads((FIXTURE_STORE / f"models/tiny/releases/{RELEASE}.json").read_text())
     products = store_doc["corpora"]["products"]
     check = products["search_check"]
@@ -280,9 +281,9 @@ def test_the_live_release_panel_shows_each_corpus_with_its_search_check(client: 
     assert products["index"]["live_view"] in index and "embedded:/fixture/index" in index
     assert "HNSW m 16, ef_construction 64, ef_search 40" in index
     assert "PASS" in verdict and "first release of this corpus" in verdict
-    assert "queries 48 (3 left out)" in figures
+    assert "queries 48, nDCG@10 on 45 judged" in figures
     assert "ANN recall 99.17% (at least 95.00%)" in figures
-    assert f"recall@10 {check['recall_at_10']}" in figures
+    assert f"nDCG@10 {check['ndcg_at_10']}" in figures
     assert (
         'not compared: <span class="text">first release of this corpus (no live release)'
     ) in figures
@@ -362,41 +363,41 @@ def test_release_history_marks_what_retention_keeps(auth, store: Path, monkeypat
 
 def test_the_panel_shows_what_the_search_check_compared_with(client: TestClient, store: Path):
     later = "manual__2026-01-02T00:00:00+00:00"
-    with_ = {"release": RELEASE, "version": RELEASE, "table": TABLE, "recall_at_10": 0.354167}
+    with_ = {"release": RELEASE, "version": RELEASE, "table": TABLE, "ndcg_at_10": 0.354167}
     make_release(
         store, later, "demo-2026-01-02",
-        [corpus_release(later, "demo-2026-01-02", compared_with=with_, recall=0.3875)],
+        [corpus_release(later, "demo-2026-01-02", compared_with=with_, ndcg=0.3875)],
     )  # fmt: skip
     record_move(store, later, "demo-2026-01-02", ["products"], verdict="PASS")
     html = client.get("/?model=tiny").text
     figures = re.findall(r"<td>(.*?)</td>", re.search(
         r'<tr id="release-corpus-products">(.*?)</tr>', html).group(1))[-1]  # fmt: skip
-    assert "recall@10 0.3875" in figures
+    assert "nDCG@10 0.3875" in figures
     assert (
         f'against release <span class="id">{RELEASE}</span> (version <span class="id">{RELEASE}'
-        f'</span>, table <code class="id">{TABLE}</code>): recall@10 0.354167; '
+        f'</span>, table <code class="id">{TABLE}</code>): nDCG@10 0.354167; '
     ) in figures
     assert "(enforce)" in figures and "latency p50 2.25 ms, p99 7.5 ms" in figures
     top = re.search(r'<section id="banner".*?</section>', html).group(0)
-    assert "recall@10 0.3875 over 48 queries, ANN recall 98.75%; release demo-2026-01-01 " \
-        "had recall@10 0.3542" in top  # fmt: skip
+    assert "nDCG@10 0.3875 over 48 judged queries, ANN recall 98.75%; release " \
+        "demo-2026-01-01 had nDCG@10 0.3542" in top  # fmt: skip
 
 
-def test_a_check_that_could_not_judge_recall_says_so(client: TestClient, store: Path):
-    """No eval query had all its relevant products in the corpus: the check measured the
-    index's faithfulness on every query and recall@10 on none (NOT_MEASURED, recall null):
-    the page says "not measured", never 0 or a number."""
+def test_a_check_that_could_not_judge_search_says_so(client: TestClient, store: Path):
+    """Nothing judged the corpus: the check measured the index's faithfulness and nDCG@10
+    on no query (INCONCLUSIVE; released by a person's promote-anyway, whose check only
+    reports): the page says "not measured", never 0 or a number."""
     import dataclasses
 
     later = "manual__2026-01-02T00:00:00+00:00"
     base = corpus_release(later, "demo-2026-01-02")
     unjudged = {
         **base.search_check,
-        "recall_at_10": None,
+        "ndcg_at_10": None,
+        "judged_at_10": None,
         "queries": 96,
         "queries_judged": 0,
-        "queries_left_out": 96,
-        "regression": {"verdict": "NOT_MEASURED", "reason": "no query ...", "mode": None},
+        "regression": {"verdict": "INCONCLUSIVE", "reason": "cannot be judged", "mode": "report"},
     }
     make_release(
         store, later, "demo-2026-01-02", [dataclasses.replace(base, search_check=unjudged)]
@@ -406,12 +407,12 @@ def test_a_check_that_could_not_judge_recall_says_so(client: TestClient, store: 
     report.write_text(json.dumps({"corpus": "products", "verdict": "PASS", **unjudged}))
     html = client.get("/?model=tiny").text
     row = re.search(r'<tr id="release-corpus-products">(.*?)</tr>', html).group(1)
-    assert "queries 96, recall judged on 0 (96 left out)" in row
-    assert "recall@10 not measured" in row
+    assert "queries 96, nDCG@10 on 0 judged" in row
+    assert "nDCG@10 not measured" in row
     top = re.search(r'<section id="banner".*?</section>', html).group(0)
-    assert "search check PASS (recall@10 not measured, ANN recall 98.75%)" in top
+    assert "search check PASS (nDCG@10 not measured, ANN recall 98.75%)" in top
     checks = _table(html, "search-checks")
-    assert "not measured" in checks and "recall judged on 0" in checks
+    assert "not measured" in checks and "nDCG@10 on 0 judged" in checks
 
 
 def test_search_checks_of_the_newest_runs_say_why_no_release(client: TestClient, store: Path):
@@ -434,7 +435,7 @@ def test_search_checks_of_the_newest_runs_say_why_no_release(client: TestClient,
     assert data["available"], data
     rows = data["data"]
     assert [(r["run_id"], r["verdict"]) for r in rows] == [(GATE_RUN, "FAIL"), (RELEASE, "PASS")]
-    assert rows[0]["ann_recall"] == 0.81 and rows[1]["recall_at_10"] == fixture["recall_at_10"]
+    assert rows[0]["ann_recall"] == 0.81 and rows[1]["ndcg_at_10"] == fixture["ndcg_at_10"]
     assert rows[1]["latency_ms"] == {"p50": 1.912, "p99": 4.377, "queries": 48}
     assert any("search-news.json is not valid JSON" in p for p in data["problems"])
     html = client.get("/?model=tiny").text

@@ -162,7 +162,7 @@ def test_page_banner_on_the_demo_store(demo: Path):
     assert "INCONCLUSIVE" in top and "recall@10 is 5.17% better than production" in top
     assert (
         f'<span id="banner-embeddings">products: 600 rows in table {TABLE}, search check PASS '
-        "(recall@10 0.3542 over 48 queries, ANN recall 99.17%)</span>"
+        "(nDCG@10 0.3542 over 45 judged queries, ANN recall 99.17%)</span>"
     ) in top
     assert 'id="banner-bare"' not in top and 'class="verdict-inconclusive"' in top
     assert 'id="banner-next">' in top

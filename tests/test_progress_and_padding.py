@@ -172,6 +172,8 @@ def test_train_and_evaluate_say_their_progress_and_padding(root: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     evals = _progress(done.stderr)
     evaluated = ArtifactStore(root).read_json("runs/tiny/told/reports/eval.json")
-    rows = evaluated["n_examples"] + evaluated["n_queries"] + evaluated["n_products"]
+    # The head's pairs, the corpus's documents, the judged queries: every text counted.
+    search = evaluated["search"]
+    rows = evaluated["n_examples"] + search["documents_ranked"] + evaluated["n_queries"]
     assert evals and evals[-1]["what"] == "evaluating tiny told", done.stderr
     assert int(evals[-1]["done"]) == int(evals[-1]["total"]) == rows

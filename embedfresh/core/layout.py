@@ -45,6 +45,11 @@ def eval_split(dataset: str) -> str:
     return f"datasets/{safe_id(dataset, 'dataset')}/eval"
 
 
+def judgments(dataset: str) -> str:
+    """The graded judgments of a data set's eval split (docs/DATA.md)."""
+    return f"datasets/{safe_id(dataset, 'dataset')}/judgments"
+
+
 def corpus(name: str) -> str:
     return f"corpora/{safe_id(name, 'corpus')}"
 

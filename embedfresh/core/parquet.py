@@ -14,7 +14,9 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 
 
-def read_parquet(store: ArtifactStore, rel: str) -> pa.Table:
+def read_parquet(
+    store: ArtifactStore, rel: str, read_dictionary: list[str] | None = None
+) -> pa.Table:
     """Read one Parquet object whole into Arrow-owned memory, then parse it.
 
     Not ``pq.read_table(python_file_or_bytes)``: its scanner threads may drop the last
@@ -24,18 +26,21 @@ def read_parquet(store: ArtifactStore, rel: str) -> pa.Table:
     its exit code (apache/arrow#34314; seen here in about half the runs once torch is
     imported). Memory owned by Arrow needs no GIL to free.
 
+    ``read_dictionary``: columns read dictionary-encoded (a column of few distinct,
+    often repeated strings stays small in memory).
+
     :raises BadInputError: the object is not a readable Parquet file.
     """
-    return read_parquet_bytes(store.read_bytes(rel), store.url(rel))
+    return read_parquet_bytes(store.read_bytes(rel), store.url(rel), read_dictionary)
 
 
-def read_parquet_bytes(data: bytes, url: str) -> pa.Table:
+def read_parquet_bytes(data: bytes, url: str, read_dictionary: list[str] | None = None) -> pa.Table:
     """:func:`read_parquet` of bytes already read (``url`` names them in errors)."""
     out = pa.BufferOutputStream()
     out.write(data)
     del data
     try:
-        return pq.read_table(pa.BufferReader(out.getvalue()))
+        return pq.read_table(pa.BufferReader(out.getvalue()), read_dictionary=read_dictionary)
     except (pa.ArrowInvalid, OSError) as e:
         raise BadInputError(f"{url} is not a readable Parquet file: {e}") from e
 

@@ -176,9 +176,12 @@ def release_doc(
     gate: dict[str, Any] | None = None,
     who: str | None = None,
     why: str | None = None,
+    trained_through: str | None = None,
     created_at: str,
 ) -> dict[str, Any]:
-    """The document :func:`write_release` stores (format :data:`FORMAT`)."""
+    """The document :func:`write_release` stores (format :data:`FORMAT`);
+    ``trained_through``: the end (exclusive) of the newest data its model trained on,
+    from which production's age is measured (:mod:`embedfresh.core.freshness`)."""
     doc: dict[str, Any] = {
         "kind": "release",
         "format": FORMAT,
@@ -196,6 +199,8 @@ def release_doc(
         doc["who"] = who
     if why is not None:
         doc["why"] = why
+    if trained_through is not None:
+        doc["trained_through"] = trained_through
     return doc
 
 

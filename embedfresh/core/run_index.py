@@ -237,7 +237,8 @@ def _promotions(history: list[Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _run_ids(store: ArtifactStore, model: str) -> list[str]:
+def list_run_ids(store: ArtifactStore, model: str) -> list[str]:
+    """The model's run ids: the folders under ``runs/{model}/`` (not ``_index.json``)."""
     out = []
     for name in store.listdir(f"runs/{layout.safe_id(model, 'model')}"):
         try:
@@ -277,7 +278,7 @@ def update(
             except RunIndexError as e:
                 log.warning("%s; rebuilding it from the reports", e)
         runs_before = {} if old is None or rebuild else old["runs"]
-        present = _run_ids(store, model)
+        present = list_run_ids(store, model)
         todo = [
             r
             for r in present

@@ -1,9 +1,10 @@
 """The compile job: ``python -m embedfresh.jobs.compile --config compile.yaml``.
 
 A trial of the real training run, shortened to ``trial_steps`` training steps, one
-evaluation and one checkpoint save, trains in a throwaway store (one day of data and the
-eval split copied into a temporary directory; nothing of the real run is touched), so
-every graph of the run is traced and compiled once. What it leaves is stored under
+evaluation and one checkpoint save, trains in a throwaway store (one day of data, the
+eval split, the judgments and a corpus shard copied into a temporary directory; nothing
+of the real run is touched), so every graph of the run is traced and compiled once.
+What it leaves is stored under
 ``compile-cache/{backend}/{key}/`` and counts once its COMMIT marker is written; a key
 already committed is a cache hit and the job ends in seconds. Per mode:
 
@@ -50,6 +51,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import CompileConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.partitions import partition_days
+from embedfresh.core.shards import corpus_shards
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import sharding_refusal
 from embedfresh.ml.compile import modes, torch_cache
@@ -196,6 +198,7 @@ def trial_config(
         data_interval_end=day + dt.timedelta(days=1),
         max_steps=cfg.trial_steps,
         eval_every=cfg.trial_steps,
+        eval_queries=TRIAL_QUERIES,
         checkpoint_every=cfg.trial_steps - 1,
         init="base",
         init_version=None,
@@ -203,13 +206,27 @@ def trial_config(
     return TrainConfig.model_validate(data)
 
 
+#: Judged queries the trial's evaluation searches: its graphs, not its figures, count.
+TRIAL_QUERIES = 64
+
+
 def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt.date) -> None:
-    for directory in (layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset)):
+    """One day, the eval split, the judgments and the first shard of the corpus they
+    judge: what the trial's training and its evaluation (search included) read."""
+    judgments = layout.judgments(dataset)
+    for directory in (
+        layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset), judgments
+    ):  # fmt: skip
         names = store.listdir(directory)
         if not names:
             raise BadInputError(f"the trial run needs {store.url(directory)}, which is empty")
         for name in names:
             trial.write_bytes(f"{directory}/{name}", store.read_bytes(f"{directory}/{name}"))
+    spec = f"{judgments}/judgments.json"
+    corpus = (store.read_json(spec) if store.exists(spec) else {}).get("corpus") or "products"
+    first = next(iter(corpus_shards(store, corpus).values()))
+    rel = f"{layout.corpus(corpus)}/{first}"
+    trial.write_bytes(rel, store.read_bytes(rel))
 
 
 def _run_trial(

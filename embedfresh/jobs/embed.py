@@ -74,6 +74,7 @@ from embedfresh.core.shards import (
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import EncodeStats, embed_plan, uses_packed
+from embedfresh.ml.embedding.query import vector_settings
 
 log = logging.getLogger("embedfresh.jobs.embed")
 
@@ -217,23 +218,15 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
             f"(it has {len(available)} shards: {list(available)[:10]}...)"
         )
 
-    # Every setting that changes the vectors (not the batching: packed/padded, budget and
-    # bucket lengths give the same vectors up to float rounding). The planner names the
-    # backend without building it: it may plan on a host without the job's device.
-    settings = {
-        "max_length": max_length,
-        "pooling": spec.pooling_mode,
-        "dense": [layer.model_dump() for layer in spec.dense or []],
-        "prompt": spec.prompt("document"),
-        "normalize": True,
-        "quantize": cfg.quantize,
-        "backend": backend.name if backend is not None else resolve_name(cfg.backend),
-    }
-    if cfg.quantize == "int8":
-        from embedfresh.ml.embedding.precision import int8_settings
-
-        settings["int8_calibration"] = layout.part_name(calibration_shard)
-        settings.update(int8_settings())  # parts of the earlier dynamic route are stale
+    # The planner names the backend without building it: it may plan on a host without
+    # the job's device.
+    settings = vector_settings(
+        spec,
+        max_length,
+        cfg.quantize,
+        backend.name if backend is not None else resolve_name(cfg.backend),
+        layout.part_name(calibration_shard),
+    )
     status = shard_status(
         store,
         corpus_dir=corpus_dir,

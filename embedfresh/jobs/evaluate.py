@@ -1,7 +1,8 @@
 """Evaluation on the fixed held-out split: ``python -m embedfresh.jobs.evaluate --config eval.yaml``.
 
-Accuracy, ROC AUC and log-loss of the relevance head and recall@10 over fixed candidate
-pools, as :mod:`embedfresh.ml.evaluation` defines them (the gate's reference and the
+Search on the data set's judged queries over the corpus (nDCG@10, recall@10/@100,
+MRR@10; the first ``queries`` of the pool) and the relevance head's accuracy, ROC AUC and
+log-loss, as :mod:`embedfresh.ml.evaluation` defines them (the gate's reference and the
 training curve use the same code). Writes ``reports/{name}.json`` and, for the gate's
 paired bootstrap, the per-example outcomes next to it.
 """
@@ -17,11 +18,12 @@ from embedfresh.ml.evaluation import evaluate_version
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Evaluate a model version on the held-out split and write the eval report."""
-    report, url = evaluate_version(cfg)
+    report, url, _ = evaluate_version(cfg)
     return {
         "status": "ok",
         "version": report["version"],
         "metrics": report["metrics"],
+        "n_queries": report["n_queries"],
         "report": url,
     }
 

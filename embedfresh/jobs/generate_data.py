@@ -25,6 +25,9 @@ from embedfresh.ml.data.generate import CATALOGUE_SIZE, write_dataset
 PROG = "generate_data"
 #: The embedded demo's first day (``scripts/demo.py``, the DAGs' start date).
 DEFAULT_START = dt.date(2026, 1, 1)
+#: Judged queries of the demo's pool: enough for the gate to grow into on a day that
+#: changes little (docs/GATE.md, "How many judged queries").
+DEFAULT_JUDGED_QUERIES = 32_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +95,21 @@ def _parser() -> argparse.ArgumentParser:
         help="texts in the corpus; the default: every catalogue product",
     )
     add("--corpus-shard-rows", metavar="N", type=_count, default=6000, help="texts per shard")
+    add(
+        "--judged-queries",
+        metavar="N",
+        type=_count,
+        default=DEFAULT_JUDGED_QUERIES,
+        help="held-out queries judged against the whole corpus (the search metrics' pool; "
+        "docs/GATE.md says why this many)",
+    )
+    add(
+        "--judgments",
+        choices=("complete", "sparse"),
+        default="complete",
+        help="complete: every corpus product graded per judged query; sparse: the eval "
+        "split's own candidates only, as a team's labels are (docs/DATA.md)",
+    )
     return parser
 
 
@@ -113,6 +131,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         corpus_name=args.corpus,
         corpus_rows=args.corpus_rows,
         corpus_shard_rows=args.corpus_shard_rows,
+        judged_queries=args.judged_queries,
+        judgments=args.judgments,
     )
 
 

@@ -32,6 +32,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import ReleaseConfig
 from embedfresh.core.embedding_sets import read_embedding_set
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
+from embedfresh.core.freshness import trained_through
 from embedfresh.core.index import live_view_name, open_index
 from embedfresh.core.registry import ANY, PROMOTE, Registry
 from embedfresh.core.releases import CorpusRelease, release_doc, write_release
@@ -41,9 +42,8 @@ log = logging.getLogger("embedfresh.jobs.release")
 
 #: The search check's figures a release keeps (the whole report stays in the run).
 CHECK_FIGURES = (
-    "verdict", "reason", "queries", "queries_judged", "queries_left_out", "ann_recall",
-    "ann_recall_by_ef_search",
-    "min_ann_recall", "recall_at_10", "latency_ms", "dataset",
+    "verdict", "reason", "queries", "queries_judged", "ann_recall", "ann_recall_by_ef_search",
+    "min_ann_recall", "ndcg_at_10", "judged_at_10", "latency_ms", "dataset",
 )  # fmt: skip
 
 
@@ -93,6 +93,7 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
         gate=gate,
         who=cfg.who if cfg.action != PROMOTE else None,
         why=cfg.reason,
+        trained_through=_iso(trained_through(store, cfg.model, version)),
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
     made, written = write_release(store, doc)
@@ -137,6 +138,10 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
         },  # fmt: skip
         "live_views_switched": switched,
     }
+
+
+def _iso(day: Any) -> str | None:
+    return None if day is None else day.isoformat()
 
 
 def _decision(
@@ -191,7 +196,9 @@ def _corpus(
                 f"{eset.manifest_url} (they were embedded again since): run it again"
             )
     table = load["index"]["table"]
-    if check.get("verdict") != "PASS" or check.get("index", {}).get("table") != table:
+    # A person's move may release what the check could not decide, never what it refused.
+    allowed = ("PASS",) if cfg.action == PROMOTE else ("PASS", "INCONCLUSIVE")
+    if check.get("verdict") not in allowed or check.get("index", {}).get("table") != table:
         raise GateRefusedError(
             f"the search check of {corpus!r} for run {cfg.run_id} did not pass on table "
             f"{table} ({check.get('verdict')}: {check.get('reason')}): no release"

@@ -10,14 +10,18 @@ last: a version that exists always has its report). The pieces live in
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from embedfresh.core import layout
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import TrainConfig
+from embedfresh.core.freshness import sizing_line
 from embedfresh.core.partitions import partition_days
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.training import TrainingRun
+
+log = logging.getLogger("embedfresh.jobs.train")
 
 #: The summary printed on stdout: these fields of the report, and its URL.
 SUMMARY_KEYS = (
@@ -40,6 +44,9 @@ SUMMARY_KEYS = (
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train incrementally on one data interval and publish a model version."""
     cfg = settle_day(cfg)
+    sizing = sizing_line(ArtifactStore(cfg.artifact_root), cfg.model)
+    if sizing:  # before training: whether the gate can decide a day that changes little
+        log.info("gate sizing: %s", sizing)
     # Store, backend, data and plan: every check passes before the first write; leaving
     # the block, normally or by an error, leaves the process group.
     with TrainingRun.open(cfg) as run:

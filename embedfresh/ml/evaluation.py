@@ -1,19 +1,22 @@
-"""Evaluation of a model version on the fixed held-out split (the evaluate job, the gate's
-reference and the training curve all use it).
+"""Evaluation of a model version on the held-out split (the evaluate job, the gate's
+reference and its later looks, and the training curve all use it).
 
-Relevance head: accuracy, ROC AUC and log-loss over (query, product) pairs. Retrieval:
-recall@10 of each query's relevant products, ranked by the cosine of their embeddings
-within a fixed-size candidate pool per query (``recall_pool``, default 100): its relevant
-products plus negatives sampled from the eval products with a seed derived from
-(:data:`POOL_SEED`, query id), so every model evaluated on this eval set meets the same
-pools and the gate's per-query outcomes stay paired. Among all eval products
-(``recall_pool=None``) recall@10 shrinks as the eval set grows and no eval size let the
-gate decide; over a fixed pool more queries narrow the interval (figures: docs/GATE.md).
+- **Search**, what the SLA is on: the data set's judged queries (docs/DATA.md) ranked
+  against the corpus by the encoder that embeds the corpus and the release's queries
+  (:class:`embedfresh.ml.embedding.query.TextEncoder`: the same tokenizer, truncation
+  length, buckets, fast mode), exact search over the corpus's vectors, scored per query
+  by :mod:`embedfresh.ml.ranking` (nDCG@10, recall@10/@100, MRR@10). Complete judgments
+  rank the whole corpus; incomplete ones score condensed lists, so only the judged
+  documents are embedded.
+- **The relevance head**: accuracy, ROC AUC and log-loss over the eval split's
+  (query, product) pairs (:func:`embedfresh.ml.inference.score`).
 
-Writes ``reports/{name}.json`` (with the pool definition used, ``recall_pool``) and, for
-the paired bootstrap of the quality gate, the per-example outcomes next to it
-(``{name}.examples.parquet``: label and probability per pair;
-``{name}.queries.parquet``: recall@10 per query).
+A look evaluates the first ``n`` queries of the pool; :class:`Searcher` keeps the
+corpus's vectors so that a later look embeds only the queries it adds.
+
+Writes ``reports/{name}.json`` and, for the paired bootstrap of the quality gate, the
+per-example outcomes next to it (``{name}.examples.parquet``: label and probability per
+pair; ``{name}.queries.parquet``: the ranking metrics per query).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,216 +33,204 @@ import pyarrow.parquet as pq
 
 from embedfresh.core import layout
 from embedfresh.core.config import EvaluateConfig
+from embedfresh.core.embedding_sets import read_embedding_set
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.progress import Progress
+from embedfresh.core.shards import (
+    commit_name,
+    corpus_shards,
+    read_corpus_shard,
+    reuse_key,
+    stale_reason,
+)
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
+from embedfresh.ml.data.judgments import Judgments, read_judgments
 from embedfresh.ml.data.reader import Examples, read_eval
+from embedfresh.ml.embedding.query import ReleaseEncoder, TextEncoder, vector_settings
 from embedfresh.ml.gate.stats import metric_value
-from embedfresh.ml.inference import embed, score
+from embedfresh.ml.inference import score
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.relevance import RelevanceModel
 from embedfresh.ml.model.tokenizer import TextTokenizer, Tokenized
+from embedfresh.ml.ranking import DEPTH, score_rankings
+from embedfresh.ml.ranking import METRICS as RANKING_METRICS
+from embedfresh.ml.search import vectors_of
 
 log = logging.getLogger("embedfresh.ml.evaluation")
 
-RECALL_K = 10
-METRICS = ("accuracy", "auc", "log_loss", "recall_at_10")
 HEAD_METRICS = ("accuracy", "auc", "log_loss")
 """The relevance head's metrics: meaningless for a version whose head never trained."""
-POOL_SEED = 0
-"""Seeds every query's negative sample together with its id; part of the pool definition."""
-DEFAULT_RECALL_POOL: int | None = EvaluateConfig.model_fields["recall_pool"].default
-ALL_PRODUCTS = {"size": None, "seed": None}
-"""The pool definition of recall@10 among all eval products (and of reports that predate
-``recall_pool``)."""
-
-
-def recall_pools(
-    query_ids: np.ndarray, relevant: list[np.ndarray], n_products: int, size: int
-) -> list[np.ndarray]:
-    """Per query, the positions in the product pool of its candidate pool: its relevant
-    products first, then ``size - len(relevant)`` distinct negatives drawn uniformly
-    from the other eval products by a generator seeded with ``(POOL_SEED, query id)``.
-
-    Depends only on the eval set, never on a model: candidate and reference are ranked
-    over the same pools. Needs ``size < n_products`` (else use all products).
-    """
-    pools = []
-    for qid, rel in zip(query_ids, relevant, strict=True):
-        n_neg = max(size - len(rel), 0)
-        rng = np.random.default_rng([POOL_SEED, int(qid)])
-        # n_neg + len(rel) distinct draws hold at least n_neg non-relevant ones
-        draw = rng.choice(n_products, size=min(n_neg + len(rel), n_products), replace=False)
-        negatives = draw[~np.isin(draw, rel)][:n_neg]
-        pools.append(np.concatenate([rel, negatives]).astype(np.int64))
-    return pools
-
-
-def recall_at_k(
-    query_vectors: np.ndarray,
-    product_vectors: np.ndarray,
-    relevant: list[np.ndarray],
-    k: int = RECALL_K,
-    pools: list[np.ndarray] | None = None,
-) -> np.ndarray:
-    """Per query, the share of its relevant products found in the top ``k`` by cosine,
-    among all products or, with ``pools`` (:func:`recall_pools`), among the query's pool."""
-    if pools is not None:
-        return _pooled_recall_at_k(query_vectors, product_vectors, relevant, pools, k)
-    out = np.zeros(len(relevant), dtype=np.float64)
-    chunk = 1024  # bounds the similarity matrix to chunk x products
-    for start in range(0, len(relevant), chunk):
-        sims = query_vectors[start : start + chunk] @ product_vectors.T
-        k_eff = min(k, sims.shape[1])
-        top = np.argpartition(-sims, k_eff - 1, axis=1)[:, :k_eff]
-        for row, hits in enumerate(top):
-            rel = relevant[start + row]
-            out[start + row] = np.isin(rel, hits).sum() / len(rel)
-    return out
-
-
-def _pooled_recall_at_k(
-    query_vectors: np.ndarray,
-    product_vectors: np.ndarray,
-    relevant: list[np.ndarray],
-    pools: list[np.ndarray],
-    k: int,
-) -> np.ndarray:
-    out = np.zeros(len(relevant), dtype=np.float64)
-    for i, (rel, pool) in enumerate(zip(relevant, pools, strict=True)):
-        sims = product_vectors[pool] @ query_vectors[i]
-        k_eff = min(k, len(pool))
-        top = np.argpartition(-sims, k_eff - 1)[:k_eff]
-        out[i] = (top < len(rel)).sum() / len(rel)  # the pool starts with the relevant ones
-    return out
-
-
-def _retrieval_sets(
-    examples: Examples,
-) -> tuple[np.ndarray, list[str], np.ndarray, list[str], list[np.ndarray]]:
-    """Unique queries with at least one relevant product, the product pool, and the
-    positions in the pool of each query's relevant products."""
-    product_ids, first = np.unique(examples.product_ids, return_index=True)
-    product_texts = [examples.products[i] for i in first]
-    position = {pid: i for i, pid in enumerate(product_ids)}
-    relevant: dict[int, list[int]] = {}
-    query_text: dict[int, str] = {}
-    for qid, pid, label, text in zip(
-        examples.query_ids, examples.product_ids, examples.labels, examples.queries, strict=True
-    ):
-        query_text.setdefault(int(qid), text)
-        if label == 1:
-            relevant.setdefault(int(qid), []).append(position[pid])
-    query_ids = np.array(sorted(relevant), dtype=np.int64)
-    return (
-        query_ids,
-        [query_text[q] for q in query_ids],
-        product_ids,
-        product_texts,
-        [np.unique(np.array(relevant[q])) for q in query_ids],
-    )
+METRICS = HEAD_METRICS + RANKING_METRICS
+DEFAULT_CORPUS = "products"
+# Queries ranked at once: bounds the similarity matrix to this many x the corpus.
+_QUERY_CHUNK = 512
 
 
 @dataclass(frozen=True)
-class EvalSet:
-    """The held-out split, tokenised once: the pairs to score and the retrieval sets."""
+class Pairs:
+    """The eval split's pairs, tokenised once for the relevance head."""
 
     examples: Examples
     queries: Tokenized
     products: Tokenized
-    query_ids: np.ndarray
-    query_tokens: Tokenized
-    product_ids: np.ndarray
-    product_tokens: Tokenized
-    relevant: list[np.ndarray]
-    pools: list[np.ndarray] | None
-    recall_pool: dict[str, int | None]
-    """The pool definition used (``{"size", "seed"}``; :data:`ALL_PRODUCTS` for none)."""
-    warnings: tuple[str, ...] = ()
 
     @classmethod
-    def load(
-        cls,
-        store: ArtifactStore,
-        dataset: str,
-        tokenizer: TextTokenizer,
-        recall_pool: int | None = DEFAULT_RECALL_POOL,
-    ) -> EvalSet:
-        """Read and tokenise the split; ``recall_pool`` as :class:`EvaluateConfig`'s. A pool
-        at least as large as the eval products falls back to all of them, with a warning."""
+    def load(cls, store: ArtifactStore, dataset: str, tokenizer: TextTokenizer) -> Pairs:
         examples = read_eval(store, dataset)
-        query_ids, query_texts, product_ids, product_texts, relevant = _retrieval_sets(examples)
-        if len(query_ids) == 0:
-            raise BadInputError(
-                "eval split has no relevant (label 1) pairs: recall@10 is undefined"
-            )
-        pools, definition, warnings = None, dict(ALL_PRODUCTS), ()
-        if recall_pool is not None and recall_pool >= len(product_ids):
-            warnings = (
-                f"recall_pool={recall_pool} is not smaller than the {len(product_ids)} eval "
-                f"products of {dataset!r}: recall@10 is over all products",
-            )
-            log.warning(warnings[0])
-        elif recall_pool is not None:
-            pools = recall_pools(query_ids, relevant, len(product_ids), recall_pool)
-            definition = {"size": recall_pool, "seed": POOL_SEED}
         return cls(
-            examples,
-            tokenizer.query(examples.queries),
-            tokenizer.document(examples.products),
-            query_ids,
-            tokenizer.query(query_texts),
-            product_ids,
-            tokenizer.document(product_texts),
-            relevant,
-            pools,
-            definition,
-            warnings,
+            examples, tokenizer.query(examples.queries), tokenizer.document(examples.products)
         )
+
+
+def corpus_of(store: ArtifactStore, dataset: str, corpus: str | None) -> str:
+    """The corpus a data set's judged queries search: ``corpus``, else the one its
+    judgments name, else :data:`DEFAULT_CORPUS`."""
+    if corpus:
+        return corpus
+    spec = f"{layout.judgments(dataset)}/judgments.json"
+    named = store.read_json(spec).get("corpus") if store.exists(spec) else None
+    return named or DEFAULT_CORPUS
+
+
+class Searcher:
+    """The judged queries of a data set and the corpus documents they are ranked
+    against: all of them for complete judgments, the judged ones otherwise.
+
+    Judged documents the corpus does not hold are dropped from the judgments (they
+    cannot be found), and queries left without a relevant document with them; both are
+    counted. One searcher serves every model evaluated on the same data.
+    """
+
+    def __init__(self, store: ArtifactStore, judgments: Judgments, corpus: str) -> None:
+        self.corpus = corpus
+        ids, texts = _read_corpus(store, corpus, judgments)
+        order = np.argsort(ids, kind="stable")
+        self.ids, self.texts = ids[order], [texts[i] for i in order]
+        self.judgments, self.missing_documents = judgments.restricted(self.ids)
+
+    @classmethod
+    def load(cls, store: ArtifactStore, dataset: str, corpus: str | None) -> Searcher:
+        """The searcher of ``dataset``'s judgments over ``corpus`` (:func:`corpus_of`)."""
+        corpus = corpus_of(store, dataset, corpus)
+        return cls(store, read_judgments(store, dataset, _id_kind(store, corpus)), corpus)
+
+    def evaluate(
+        self,
+        encoder: TextEncoder,
+        docs: np.ndarray,
+        start: int,
+        stop: int,
+        progress: Progress | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Queries ``start`` to ``stop`` of the pool, embedded by ``encoder``, ranked
+        against ``docs`` (this searcher's documents by the same encoder) and scored:
+        their ids and one array per ranking metric."""
+        part = self.judgments.slice(start, min(stop, len(self.judgments)))
+        q = encoder.queries(part.texts)
+        ranked, judged_scores = [], []
+        for a in range(0, len(part), _QUERY_CHUNK):
+            sims = q[a : a + _QUERY_CHUNK] @ docs.T
+            if part.complete:
+                ranked += _top(sims, self.ids)
+            else:
+                for row in range(len(sims)):
+                    at = np.searchsorted(self.ids, part.of(a + row)[0])
+                    judged_scores.append(sims[row, at])
+            if progress is not None:
+                progress.advance(len(sims))
+        scored = score_rankings(
+            part, ranked if part.complete else None, None if part.complete else judged_scores
+        )
+        return {"query_id": part.query_ids, **scored}
+
+
+def _read_corpus(
+    store: ArtifactStore, corpus: str, judgments: Judgments
+) -> tuple[np.ndarray, list[str]]:
+    wanted = None if judgments.complete else judgments.documents()
+    ids, texts = [], []
+    for name in corpus_shards(store, corpus).values():
+        shard_ids, shard_texts = read_corpus_shard(store, f"{layout.corpus(corpus)}/{name}")
+        keep = np.ones(len(shard_ids), bool) if wanted is None else np.isin(shard_ids, wanted)
+        ids.append(shard_ids[keep])
+        texts += [t for t, k in zip(shard_texts, keep, strict=True) if k]
+    return np.concatenate(ids), texts
+
+
+def _top(sims: np.ndarray, ids: np.ndarray) -> list[np.ndarray]:
+    """Per row, the ids of its :data:`DEPTH` largest scores, best first (ties by id)."""
+    k = min(DEPTH, sims.shape[1])
+    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    top.sort(axis=1)  # position order (= id order): ties break by id, as a sort would
+    order = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
+    return list(ids[np.take_along_axis(top, order, axis=1)])
+
+
+def head_outcomes(
+    model: RelevanceModel,
+    backend: Backend,
+    pairs: Pairs,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> dict[str, np.ndarray]:
+    """The relevance head's probability of every eval pair, with its label and ids."""
+    ex = pairs.examples
+    probs = score(model, backend, pairs.queries, pairs.products, ex.features, batch_size, progress)
+    return {
+        "query_id": ex.query_ids,
+        "product_id": ex.product_ids,
+        "label": ex.labels.astype(np.int64),
+        "prob": probs,
+    }
+
+
+def metrics_of(examples: dict[str, np.ndarray], queries: dict[str, np.ndarray]) -> dict[str, float]:
+    """Every metric of :data:`METRICS` (and ``judged_at_10`` where measured) on the
+    outcome tables."""
+    out = {name: round(metric_value(name, examples), 6) for name in HEAD_METRICS}
+    out.update({name: round(metric_value(name, queries), 6) for name in RANKING_METRICS})
+    if "judged_at_10" in queries:
+        out["judged_at_10"] = round(float(np.mean(queries["judged_at_10"])), 6)
+    return out
 
 
 def evaluate_model(
     model: RelevanceModel,
     backend: Backend,
-    data: EvalSet,
+    pairs: Pairs,
+    searcher: Searcher,
+    encoder: TextEncoder,
     batch_size: int,
+    queries: int | None,
     progress: str | None = None,
-) -> tuple[dict[str, float], dict[str, dict[str, np.ndarray]]]:
-    """Metrics and per-example outcome tables of an in-memory model on ``data``.
+    docs: np.ndarray | None = None,
+) -> tuple[dict[str, float], dict[str, dict[str, np.ndarray]], np.ndarray]:
+    """Metrics and per-example outcome tables of a model on the eval pairs and the first
+    ``queries`` judged queries (None: all of them), and the documents' vectors.
 
     Leaves the model in eval mode and draws no random numbers (no dropout in eval mode),
-    so the training loop can call it between steps. Batches are padded to a fixed shape
-    (:mod:`embedfresh.ml.inference`): on XLA, every evaluation after the first reuses its graphs.
-    Returns ``(metrics, {"examples": {...}, "queries": {...}})``, the tables as
-    :func:`write_outcomes` stores them. ``progress``: what the log calls this evaluation
-    in its progress lines (rows scored and texts embedded, rate and ETA); None: no lines
-    (the training loop's evaluation points).
+    so the training loop can call it between steps. Returns ``(metrics, {"examples":
+    {...}, "queries": {...}}, document vectors)``, the tables as :func:`write_outcomes`
+    stores them.
+    ``progress``: what the log calls this evaluation in its progress lines; None: no
+    lines (the training loop's evaluation points). ``docs``: the searcher's documents'
+    vectors by this encoder when they are at hand (:func:`served_vectors`).
     """
-    ex = data.examples
+    n = len(searcher.judgments) if queries is None else min(queries, len(searcher.judgments))
     counter = None
     if progress is not None:
-        total = len(ex.features) + len(data.query_ids) + len(data.product_ids)
-        counter = Progress(progress, total, unit="rows", log=log)
-    probs = score(model, backend, data.queries, data.products, ex.features, batch_size, counter)
-    q_vec = embed(model, backend, data.query_tokens, batch_size, counter)
-    p_vec = embed(model, backend, data.product_tokens, batch_size, counter)
+        total = len(pairs.examples) + len(searcher.texts) + n
+        counter = Progress(progress, total, unit="texts", log=log)
+    examples = head_outcomes(model, backend, pairs, batch_size, counter)
+    if docs is None:
+        docs = encoder.documents(searcher.texts)
+    if counter is not None:
+        counter.advance(len(searcher.texts))
+    ranked = searcher.evaluate(encoder, docs, 0, n, counter)
     if counter is not None:
         counter.finish()
-    recalls = recall_at_k(q_vec, p_vec, data.relevant, pools=data.pools)
-    labels = ex.labels.astype(np.int64)
-    outcomes = {"label": labels, "prob": probs, "recall_at_10": recalls}
-    metrics = {name: round(metric_value(name, outcomes), 6) for name in METRICS}
-    tables = {
-        "examples": {
-            "query_id": ex.query_ids,
-            "product_id": ex.product_ids,
-            "label": labels,
-            "prob": probs,
-        },
-        "queries": {"query_id": data.query_ids, "recall_at_10": recalls},
-    }
-    return metrics, tables
+    return metrics_of(examples, ranked), {"examples": examples, "queries": ranked}, docs
 
 
 def write_outcomes(
@@ -260,47 +251,195 @@ def write_outcomes(
     return urls
 
 
-def evaluate_version(cfg: EvaluateConfig) -> tuple[dict[str, Any], str]:
-    """Evaluate ``cfg``'s version on the held-out split; write its outcomes, then its report
-    (``reports/{report_name}.json``, last). Returns the report and its URL."""
+@dataclass
+class VersionEval:
+    """One model version, ready to evaluate: its model, its head's eval pairs, the
+    searcher, and its encoder with the embed job's settings for the searched corpus."""
+
+    cfg: EvaluateConfig
+    store: ArtifactStore
+    backend: Backend
+    version: Any
+    model: RelevanceModel
+    pairs: Pairs
+    searcher: Searcher
+    encoder: TextEncoder
+    settings: dict[str, Any]
+    docs: np.ndarray | None = field(default=None, repr=False)
+    """The searcher's documents by :attr:`encoder`, once a look embedded (or read) them."""
+    documents_from: str = "embedded"
+    """Where the documents' vectors came from: embedded here, or the URL of the verified
+    embedding set they were read from."""
+
+    @classmethod
+    def load(cls, cfg: EvaluateConfig, searcher: Searcher | None = None) -> VersionEval:
+        """``cfg``'s version with its data; ``searcher``: one already read (another
+        version's evaluation on the same data set and corpus)."""
+        store = ArtifactStore(cfg.artifact_root)
+        backend = get_backend(cfg.backend)
+        version = versions.load(store, cfg.model, cfg.target_version)
+        spec = version.spec
+        tokenizer = TextTokenizer(version.tokenizer_json, spec.max_length, spec.prompts)
+        pairs = Pairs.load(store, cfg.dataset, tokenizer)  # the eval split, checked first
+        if searcher is None or searcher.corpus != corpus_of(store, cfg.dataset, cfg.corpus):
+            searcher = Searcher.load(store, cfg.dataset, cfg.corpus)
+        max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
+        first = min(corpus_shards(store, searcher.corpus))
+        settings = vector_settings(
+            spec, max_length, cfg.quantize, backend.name, layout.part_name(first)
+        )
+        encoder = ReleaseEncoder(
+            store, cfg.model, cfg.target_version, searcher.corpus, settings, backend
+        )
+        model = versions.instantiate(version).to(backend.device)
+        return cls(cfg, store, backend, version, model, pairs, searcher, encoder, settings)
+
+    def run(self, progress: str | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        """The first look: the head's pairs and ``cfg.queries`` judged queries."""
+        metrics, tables, self.docs = evaluate_model(
+            self.model, self.backend, self.pairs, self.searcher, self.encoder,
+            self.cfg.batch_size, self.cfg.first_look, progress, self._served(),
+        )  # fmt: skip
+        return metrics, tables
+
+    def _served(self) -> np.ndarray | None:
+        """The documents' vectors from the version's verified embedding set of the corpus,
+        when it is current (:func:`served_vectors`); logged, and named in the report."""
+        cfg, corpus = self.cfg, self.searcher.corpus
+        found = served_vectors(
+            self.store, cfg.model, cfg.target_version, corpus, self.settings, self.searcher.ids
+        )
+        if found is None:
+            return None
+        vectors, self.documents_from = found
+        log.info(
+            "the %d documents of %s: the vectors %s %s serves (its verified embedding set %s, "
+            "current with the corpus and these settings), not embedded again",
+            len(vectors), corpus, cfg.model, cfg.target_version, self.documents_from,
+        )  # fmt: skip
+        return vectors
+
+    def more(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Judged queries ``start`` to ``stop`` of the pool (a later look)."""
+        what = f"evaluating {self.cfg.model} {self.cfg.target_version}, queries {start}-{stop}"
+        if self.docs is None:
+            self.docs = self._served()
+        if self.docs is None:
+            log.info("%s: embedding the %d documents of corpus %s first", what,
+                     len(self.searcher.texts), self.searcher.corpus)  # fmt: skip
+            self.docs = self.encoder.documents(self.searcher.texts)
+        counter = Progress(what, stop - start, unit="queries", log=log)
+        out = self.searcher.evaluate(self.encoder, self.docs, start, stop, counter)
+        counter.finish()
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """What the report says of the search half: judgments, corpus, vectors."""
+        j = self.searcher.judgments
+        return {
+            "corpus": self.searcher.corpus,
+            "complete": j.complete,
+            "pool": len(j),
+            "left_out": j.left_out,
+            "missing_documents": self.searcher.missing_documents,
+            "documents_ranked": len(self.searcher.ids),
+            "documents_from": self.documents_from,
+            "vectors": self.settings,
+            # The embed settings asked for (None: the model's own length): another
+            # version evaluated on this definition resolves them for itself.
+            "embed": {"max_length": self.cfg.max_length, "quantize": self.cfg.quantize},
+        }
+
+
+def served_vectors(
+    store: ArtifactStore,
+    model: str,
+    version: str,
+    corpus: str,
+    settings: dict[str, Any],
+    ids: np.ndarray,
+) -> tuple[np.ndarray, str] | None:
+    """The vectors of ``ids`` (sorted) from ``version``'s verified embedding set of
+    ``corpus``, and its manifest's URL: what a release of the version serves. Only when
+    the set is current: embedded with exactly ``settings``, and every corpus shard's
+    commit marker's reuse key (the shard's content, the version's files, the settings)
+    matches the store as it is now (:func:`embedfresh.core.shards.stale_reason`). None
+    otherwise: the caller embeds."""
+    try:
+        eset = read_embedding_set(store, model, version, corpus)
+    except BadInputError:
+        return None
+    shards = corpus_shards(store, corpus)
+    if eset.settings != settings or set(eset.parts) != set(shards.values()):
+        return None
+    marker = versions.is_committed(store, model, version) or {}
+    for index, name in shards.items():
+        commit_rel = f"{eset.directory}/{commit_name(index)}"
+        commit = store.read_json(commit_rel) if store.exists(commit_rel) else None
+        key = reuse_key(
+            store=store, source_rel=f"{layout.corpus(corpus)}/{name}",
+            version_marker=marker, settings=settings,
+        )  # fmt: skip
+        if stale_reason(commit, key) is not None:
+            return None
+    try:
+        return vectors_of(store, eset, ids), eset.manifest_url
+    except BadInputError:  # an id the set lacks: it is not this corpus's
+        return None
+
+
+def _id_kind(store: ArtifactStore, corpus: str) -> str:
+    first = next(iter(corpus_shards(store, corpus).values()))
+    ids, _ = read_corpus_shard(store, f"{layout.corpus(corpus)}/{first}")
+    return "string" if ids.dtype.kind == "U" else "int64"
+
+
+def evaluate_version(
+    cfg: EvaluateConfig, loaded: VersionEval | None = None
+) -> tuple[dict[str, Any], str, VersionEval]:
+    """Evaluate ``cfg``'s version (its first look); write its outcomes, then its report
+    (``reports/{report_name}.json``, last). Returns the report, its URL and the loaded
+    evaluation (for later looks)."""
     started = time.perf_counter()
-    store = ArtifactStore(cfg.artifact_root)
-    backend = get_backend(cfg.backend)
-    version = versions.load(store, cfg.model, cfg.target_version)
-    model = versions.instantiate(version).to(backend.device)
-    tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length, version.spec.prompts)
-    data = EvalSet.load(store, cfg.dataset, tokenizer, cfg.recall_pool)
+    ev = loaded or VersionEval.load(cfg)
+    j = ev.searcher.judgments
+    if not len(j):
+        raise BadInputError(
+            f"no judged query of {cfg.dataset!r} has a relevant document in corpus "
+            f"{ev.searcher.corpus!r}: search cannot be evaluated (docs/DATA.md)"
+        )
+    n = len(j) if cfg.first_look is None else min(cfg.first_look, len(j))
     log.info(
-        "evaluating %s version %s on %s: %d pairs, %d queries, %d products",
-        cfg.model, cfg.target_version, cfg.dataset,
-        len(data.examples), len(data.query_ids), len(data.product_ids),
+        "evaluating %s version %s on %s: %d pairs; %d of %d judged queries against corpus "
+        "%s (%d documents, judgments %s)",
+        cfg.model, cfg.target_version, cfg.dataset, len(ev.pairs.examples), n, len(j),
+        ev.searcher.corpus, len(ev.searcher.ids), "complete" if j.complete else "condensed",
     )  # fmt: skip
     what = f"evaluating {cfg.model} {cfg.target_version}"
-    metrics, tables = evaluate_model(model, backend, data, cfg.batch_size, progress=what)
-    outcomes = write_outcomes(store, cfg.model, cfg.run_id, cfg.report_name, tables)
+    metrics, tables = ev.run(progress=what)
+    outcomes = write_outcomes(ev.store, cfg.model, cfg.run_id, cfg.report_name, tables)
     report = {
         "status": "ok",
         "model": cfg.model,
         "run_id": cfg.run_id,
         "version": cfg.target_version,
-        "version_url": version.url,
+        "version_url": ev.version.url,
         "dataset": cfg.dataset,
         "metrics": metrics,
-        "n_examples": len(data.examples),
-        "n_queries": len(data.query_ids),
-        "n_products": len(data.product_ids),
-        "recall_pool": data.recall_pool,
-        "warnings": list(data.warnings),
+        "n_examples": len(ev.pairs.examples),
+        "n_queries": n,
+        "search": ev.describe(),
         "outcomes": outcomes,
         "wall_seconds": round(time.perf_counter() - started, 3),
-        **backend.metadata(),
+        **ev.backend.metadata(),
     }
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_name)
-    store.write_json(report_rel, report)  # written last: the outcomes it names exist
-    return report, store.url(report_rel)
+    ev.store.write_json(report_rel, report)  # written last: the outcomes it names exist
+    return report, ev.store.url(report_rel), ev
 
 
 def _parquet(columns: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    pq.write_table(pa.table(columns), buf, compression="zstd")
+    table = pa.table({k: pa.array(v) for k, v in columns.items()})
+    pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()

@@ -1,4 +1,7 @@
-"""Batched inference: relevance scores and embeddings.
+"""Batched inference of the relevance head: its probability for (query, product) pairs.
+
+Embeddings go through :mod:`embedfresh.ml.embedding` (what the corpus and the release's
+queries are embedded with).
 
 Every batch has exactly ``batch_size`` rows (the last one padded by repeating rows,
 whose outputs are dropped). Where the backend needs static shapes (an XLA/Neuron device,
@@ -75,38 +78,3 @@ def _score(
         if progress is not None:
             progress.advance(real)
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
-
-
-def embed(
-    model: RelevanceModel,
-    backend: Backend,
-    tokens: Tokenized,
-    batch_size: int,
-    progress: Progress | None = None,
-) -> np.ndarray:
-    """L2-normalised embeddings (float32 [n, hidden]) of tokenised texts; each batch's
-    rows counted in ``progress``."""
-    with backend.inference():
-        return _embed(model, backend, tokens, batch_size, progress)
-
-
-def _embed(
-    model: RelevanceModel,
-    backend: Backend,
-    tokens: Tokenized,
-    batch_size: int,
-    progress: Progress | None,
-) -> np.ndarray:
-    model.eval()
-    out = []
-    for index, real in _fixed_batches(len(tokens.input_ids), batch_size):
-        ids, mask = _texts(backend, tokens, index)
-        batch = backend.to_device({"ids": ids, "mask": mask})
-        with backend.autocast():
-            vectors = model.embed(batch["ids"], batch["mask"])
-        backend.mark_step()
-        out.append(vectors.float().to("cpu").numpy()[:real])
-        if progress is not None:
-            progress.advance(real)
-    hidden = model.spec.embedding_dim
-    return np.concatenate(out) if out else np.zeros((0, hidden), dtype=np.float32)

@@ -1,92 +1,23 @@
-"""Search as its users live with it: queries against a whole corpus, judged two ways.
+"""Search as its users live with it: queries against a whole corpus.
 
 - **The index is faithful**: an approximate index's top-k against the exact top-k over
   the same vectors (:func:`exact_top_k` scans the verified embedding parts, one at a
   time, so memory stays that of one part); :func:`ann_recall` per query, ties counted.
-- **Search is as good**: recall@k against the eval split's relevance labels
-  (:func:`recall_of`), over every product of the corpus, not the gate's pool of 100.
+- **The vectors of judged documents** (:func:`vectors_of`), which a condensed list
+  orders by their cosine (:mod:`embedfresh.ml.ranking`).
 
-The queries are those of the eval split whose relevant products are all in the corpus
-(:func:`eval_queries`). Used by the search check before a release goes live
-(:mod:`embedfresh.jobs.search_check`).
+Used by the search check before a release goes live (:mod:`embedfresh.jobs.search_check`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from embedfresh.core.embedding_sets import EmbeddingSet, iter_parts
+from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.data.reader import read_eval
-
-
-@dataclass(frozen=True)
-class EvalQueries:
-    """The eval split's queries: every one searches (the index's faithfulness), those
-    whose relevant products are all in the corpus also judge recall."""
-
-    query_ids: np.ndarray
-    texts: list[str]
-    relevant: list[np.ndarray]
-    """Per query, its relevant products' ids (as the corpus types them); may be empty."""
-    judged: np.ndarray
-    """Per query: it has relevant products and all of them are in the corpus."""
-
-    def subset(self, mask: np.ndarray) -> EvalQueries:
-        """The queries where ``mask`` is true."""
-        keep = np.flatnonzero(mask)
-        return EvalQueries(
-            query_ids=self.query_ids[keep],
-            texts=[self.texts[i] for i in keep],
-            relevant=[self.relevant[i] for i in keep],
-            judged=self.judged[keep],
-        )
-
-    @property
-    def left_out(self) -> int:
-        """Queries with relevant products of which some are not in the corpus."""
-        return int(
-            sum(1 for r, j in zip(self.relevant, self.judged, strict=True) if len(r) and not j)
-        )
-
-
-def eval_queries(
-    store: ArtifactStore,
-    dataset: str,
-    id_type: str,
-    missing: Callable[[np.ndarray], np.ndarray],
-) -> EvalQueries:
-    """Every query of the eval split, and which of them recall can be judged on: those
-    whose relevant products are all in the corpus.
-
-    :param id_type: the corpus's id type (``int64`` or ``string``); the eval split's
-        product ids are compared as that type.
-    :param missing: which of some product ids the corpus lacks (the index's
-        :meth:`~embedfresh.core.index.VectorIndex.missing_ids`).
-    """
-    examples = read_eval(store, dataset)
-    text: dict[int, str] = {}
-    relevant: dict[int, list] = {}
-    for qid, pid, label, query in zip(
-        examples.query_ids, examples.product_ids, examples.labels, examples.queries, strict=True
-    ):
-        text.setdefault(int(qid), query)
-        relevant.setdefault(int(qid), [])
-        if label == 1:
-            relevant[int(qid)].append(int(pid) if id_type == "int64" else str(pid))
-    wanted = [i for ids in relevant.values() for i in ids]
-    absent = set(missing(np.unique(np.asarray(wanted))).tolist()) if wanted else set()
-    order = sorted(text)
-    rel = [np.unique(np.asarray(relevant[q])) for q in order]
-    return EvalQueries(
-        query_ids=np.asarray(order, dtype=np.int64),
-        texts=[text[q] for q in order],
-        relevant=rel,
-        judged=np.asarray([len(r) > 0 and not absent.intersection(r.tolist()) for r in rel]),
-    )
 
 
 @dataclass(frozen=True)
@@ -148,10 +79,22 @@ def ann_recall(found_similarities: list[np.ndarray], exact: TopK, k: int) -> np.
     return out
 
 
-def recall_of(found: list[np.ndarray], relevant: list[np.ndarray], k: int) -> np.ndarray:
-    """Per query, the share of its relevant products among ``found``'s first ``k``
-    (the evaluation's recall@k, over the whole corpus)."""
-    out = np.zeros(len(relevant), dtype=np.float64)
-    for i, (got, rel) in enumerate(zip(found, relevant, strict=True)):
-        out[i] = np.isin(rel, got[:k]).sum() / len(rel)
+def vectors_of(store: ArtifactStore, eset: EmbeddingSet, ids: np.ndarray) -> np.ndarray:
+    """The vectors of ``ids`` (sorted, all in ``eset``) in their order, read from the
+    verified embedding parts one at a time.
+
+    :raises BadInputError: an id the embedding set does not hold.
+    """
+    out: np.ndarray | None = None
+    seen = np.zeros(len(ids), dtype=bool)
+    for _, part_ids, vectors in iter_parts(store, eset):
+        if out is None:
+            out = np.zeros((len(ids), vectors.shape[1]), dtype=np.float32)
+        at = np.searchsorted(ids, part_ids).clip(max=max(len(ids) - 1, 0))
+        hit = ids[at] == part_ids if len(ids) else np.zeros(len(part_ids), bool)
+        out[at[hit]] = vectors[hit]
+        seen[at[hit]] = True
+    if out is None or not seen.all():
+        missing = ids[~seen][:5].tolist() if len(ids) else []
+        raise BadInputError(f"embedding set of {eset.corpus!r} lacks ids {missing}")
     return out

@@ -207,17 +207,16 @@ def corpus_words(c: dict[str, Any]) -> str:
     """One corpus of the live release: rows, table, the search check and its figures."""
     emb, index, check = c.get("embeddings") or {}, c.get("index") or {}, c.get("search_check") or {}
     rows = f"{emb['rows']:,} rows" if isinstance(emb.get("rows"), int) else "rows not known"
-    recall, judged = check.get("recall_at_10"), check.get("queries_judged", check.get("queries"))
+    ndcg, judged = check.get("ndcg_at_10"), check.get("queries_judged", check.get("queries"))
     figures = (
-        f"recall@10 {_figure(recall)} over {judged} queries"
-        if recall is not None
-        else "recall@10 not measured"
+        f"nDCG@10 {_figure(ndcg)} over {judged} judged queries"
+        if ndcg is not None
+        else "nDCG@10 not measured"
     ) + f", ANN recall {_ratio(check.get('ann_recall'))}"
     compared = check.get("compared_with")
     if isinstance(compared, dict):
         figures += (
-            f"; release {compared.get('release')} had recall@10 "
-            f"{_figure(compared.get('recall_at_10'))}"
+            f"; release {compared.get('release')} had nDCG@10 {_figure(compared.get('ndcg_at_10'))}"
         )
     return (
         f"{c.get('corpus')}: {rows} in table {index.get('table')}, search check "

@@ -158,18 +158,19 @@ def _ann(ann: Any) -> str:
 
 
 def _queries(check: dict[str, Any]) -> str:
-    """How many queries searched, and how many of them recall@10 was judged on (a query
-    whose relevant products are not all in the corpus is left out of recall)."""
-    left_out, judged = check.get("queries_left_out"), check.get("queries_judged")
+    """How many queries searched the index, and how many judged queries nDCG@10 was
+    compared on (the looks grow it while the comparison is open)."""
+    judged = check.get("queries_judged")
     said = _v(check.get("queries"))
-    if judged is not None:
-        return f"{said}, recall judged on {_v(judged)} ({_v(left_out or 0)} left out)"
-    return said + (f" ({_v(left_out)} left out)" if left_out else "")
+    return f"{said}, nDCG@10 on {_v(judged)} judged" if judged is not None else said
 
 
-def _recall(check: dict[str, Any]) -> str:
-    recall = check.get("recall_at_10")
-    return "not measured" if recall is None else _v(recall)
+def _ndcg(check: dict[str, Any]) -> str:
+    ndcg = check.get("ndcg_at_10")
+    if ndcg is None:
+        return "not measured"
+    judged = check.get("judged_at_10")
+    return _v(ndcg) + (f" (judged@10 {_v(judged)})" if judged is not None and judged < 1 else "")
 
 
 def _corpus_row(c: dict[str, Any]) -> str:
@@ -193,7 +194,7 @@ def _corpus_row(c: dict[str, Any]) -> str:
         against = (
             f"against release {_id(compared.get('release'))} (version "
             f"{_id(compared.get('version'))}, table {_id(compared.get('table'), 'code')}): "
-            f"recall@10 {_v(compared.get('recall_at_10'))}; "
+            f"nDCG@10 {_v(compared.get('ndcg_at_10'))}; "
             f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
         )
     else:
@@ -201,7 +202,7 @@ def _corpus_row(c: dict[str, Any]) -> str:
     latency = check.get("latency_ms") if isinstance(check.get("latency_ms"), dict) else {}
     figures = (
         f"queries {_queries(check)}<br>ANN recall {_ratio(check.get('ann_recall'))} (at least "
-        f"{_ratio(check.get('min_ann_recall'))})<br>recall@10 {_recall(check)}<br>{against}<br>latency p50 {_ms(latency.get('p50'))}, p99 {_ms(latency.get('p99'))}"
+        f"{_ratio(check.get('min_ann_recall'))})<br>nDCG@10 {_ndcg(check)}<br>{against}<br>latency p50 {_ms(latency.get('p50'))}, p99 {_ms(latency.get('p99'))}"
         f"<br>report {_id(check.get('report'), 'code')}"
     )
     return (
@@ -209,6 +210,24 @@ def _corpus_row(c: dict[str, Any]) -> str:
         f"<td>{_v(c.get('corpus'))}</td><td>{embedding}</td><td>{table_cell}</td>"
         f"<td>{verdict_html(check.get('verdict'))} {_text(check.get('reason'))}</td>"
         f"<td>{figures}</td></tr>"
+    )
+
+
+def _age(facts: dict[str, Any]) -> str:
+    """Production's age: the days of data it has not trained on (stale past the limit)."""
+    age = facts.get("age_days")
+    if age is None:
+        return (
+            '<p class="na" id="production-age">Production\'s age: not known (its model '
+            "was not trained on dated data)</p>"
+        )
+    stale = facts.get("stale")
+    return (
+        f'<p class="{"warning" if stale else "na"}" id="production-age">Production\'s age: '
+        f"{_v(age)} days of data (trained through {_v(facts.get('trained_through'))}, newest "
+        f"data {_v(facts.get('newest_data'))}"
+        + (f"; stale: over the {_v(facts.get('stale_after_days'))}-day limit" if stale else "")
+        + ")</p>"
     )
 
 
@@ -238,6 +257,7 @@ def _live_release(data: dict[str, Any]) -> str:
         + (f"release document {_id(data.get('url'), 'code')}; " if data.get("url") else "")
         + f"registry {_id(data.get('registry'), 'code')}</p>"
     )
+    head += _age(data.get("freshness") or {})
     if data.get("bare"):
         return (
             head
@@ -633,7 +653,7 @@ def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = Non
         if not isinstance(w, dict):
             return f"{verdict_html(regression.get('verdict'))} {_text(regression.get('reason'))}"
         return (
-            f"release {_id(w.get('release'))}: recall@10 {_v(w.get('recall_at_10'))}; "
+            f"release {_id(w.get('release'))}: nDCG@10 {_v(w.get('ndcg_at_10'))}; "
             f"{verdict_html(regression.get('verdict'))} ({_v(regression.get('mode'))})"
         )
 
@@ -648,7 +668,7 @@ def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = Non
             "verdict",
             "queries",
             "ANN recall",
-            "recall@10",
+            "nDCG@10",
             "compared with",
             "latency",
             "reason",
@@ -661,7 +681,7 @@ def _search_checks(rows: list[dict[str, Any]], live: dict[str, Any] | None = Non
                 verdict_html(r.get("verdict")),
                 _queries(r),
                 f"{_ratio(r.get('ann_recall'))} (at least {_ratio(r.get('min_ann_recall'))})",
-                _recall(r),
+                _ndcg(r),
                 compared(r),
                 latency(r),
                 _text(r.get("reason")),

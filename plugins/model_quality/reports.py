@@ -20,6 +20,7 @@ from typing import Any
 
 from embedfresh.core import layout, markers, run_index
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.freshness import production_age, stale_after_days
 from embedfresh.core.registry import PROMOTE, Registry
 from embedfresh.core.releases import Release, kept_releases, production_release
 from embedfresh.core.settings import DEFAULT_KEEP_RELEASES, keep_releases
@@ -105,10 +106,6 @@ def models(store: ArtifactStore) -> list[str]:
     return sorted(set(_valid_ids(store.listdir("models"))) | set(_valid_ids(store.listdir("runs"))))
 
 
-def run_ids(store: ArtifactStore, model: str) -> list[str]:
-    return _valid_ids(store.listdir(f"runs/{layout.safe_id(model, 'model')}"))
-
-
 def _reports_of(
     store: ArtifactStore,
     model: str,
@@ -130,7 +127,7 @@ def _reports_of(
         except ReportError as e:
             return run_id, None, str(e)
 
-    ids = run_ids(store, model) if ids is None else ids
+    ids = run_index.list_run_ids(store, model) if ids is None else ids
     if not ids:
         return [], []
     with ThreadPoolExecutor(max_workers=max(1, min(READERS, len(ids)))) as pool:
@@ -240,7 +237,24 @@ def live_release(store: ArtifactStore, model: str, read: RegistryRead | None = N
         raise ReportError(str(e)) from e
     if release is None:
         return Section(message=f"no live release yet: {model} has never been released")
-    return Section(data=release_data(release, doc["production"], url))
+    return Section(data={**release_data(release, doc["production"], url),
+                         "freshness": age_data(store, model, release.version)})  # fmt: skip
+
+
+def age_data(store: ArtifactStore, model: str, version: str) -> dict[str, Any]:
+    """Production's age in days of data (:mod:`embedfresh.core.freshness`)."""
+    try:
+        trained, newest, age = production_age(store, model, version)
+        limit = stale_after_days()
+    except (BadInputError, ValueError, OSError) as e:
+        return {"problem": str(e)}
+    return {
+        "trained_through": trained.isoformat() if trained else None,
+        "newest_data": newest.isoformat() if newest else None,
+        "age_days": age,
+        "stale_after_days": limit,
+        "stale": age is not None and age >= limit,
+    }
 
 
 # -- gate decisions ------------------------------------------------------------------
@@ -296,7 +310,7 @@ def runs_of(store: ArtifactStore, model: str) -> Runs:
                 problems[kind].append(str(problem))
         # Runs the index does not list yet (a fleet_health run, a job killed before its
         # index write) are read from their reports: one listing, then only those runs.
-        missing = [r for r in run_ids(store, model) if r not in index["runs"]]
+        missing = [r for r in run_index.list_run_ids(store, model) if r not in index["runs"]]
         for kind in kinds if missing else ():
             found, more = _reports_of(store, model, kind, run_index.KINDS[kind], missing)
             rows[kind] += [(r, run_index.ROWS[kind](r, doc)) for r, doc in found]
@@ -600,10 +614,10 @@ def search_check_row(run_id: str, doc: dict[str, Any]) -> dict[str, Any]:
         "table": index.get("table"),
         "queries": doc.get("queries"),
         "queries_judged": doc.get("queries_judged"),
-        "queries_left_out": doc.get("queries_left_out"),
         "ann_recall": doc.get("ann_recall"),
         "min_ann_recall": doc.get("min_ann_recall"),
-        "recall_at_10": doc.get("recall_at_10"),
+        "ndcg_at_10": doc.get("ndcg_at_10"),
+        "judged_at_10": doc.get("judged_at_10"),
         "latency_ms": doc.get("latency_ms"),
         "compared_with": regression.get("with"),
         "regression": {k: regression.get(k) for k in ("verdict", "reason", "mode")},

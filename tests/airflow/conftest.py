@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from embedfresh.operators.approval import APPROVAL_ENV
 from tests.airflow.server import REFRESH, AirflowServer
 from tests.conftest import write_demo_store
 from tests.mailbox import Mailbox
@@ -25,10 +26,12 @@ def airflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow
     mailbox = Mailbox().start()
     # The Params' default root, which the web UI shows too: runs triggered with the
     # defaults use it (fixture demo_store fills it); other tests pass their own root.
+    # Approvals on, as a team that wants a person to decide an undecided day (off by
+    # default): its refreshes ask when nothing decides, and time out after 30 s.
     server = AirflowServer(
         home,
         f"file://{tmp_path_factory.mktemp('default-artifacts')}",
-        extra_env=mailbox.env(),
+        extra_env={**mailbox.env(), APPROVAL_ENV: "0.5"},
     )
     server.mailbox = mailbox
     try:

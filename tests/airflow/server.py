@@ -107,7 +107,9 @@ class AirflowServer:
     """The Airflow :data:`COMPONENTS` started in one process group of their own."""
 
     #: Seconds after which the server stops itself, whatever happens to the test process.
-    max_lifetime_s = 1200
+    #: The session's server serves every Airflow test of its worker: on 2 busy cores they
+    #: outlived 20 minutes (the last one found the server gone), so an hour.
+    max_lifetime_s = 3600
 
     def __init__(
         self,

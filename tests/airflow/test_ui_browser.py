@@ -80,7 +80,7 @@ def _fill_with_jobs(root: str, data_template: Path) -> bytes:
     shutil.copytree(data_template, path)
     _job(root, "train", "backend=cpu", "data_interval_start=2026-01-01", "epochs=3")
     _job(root, "evaluate", "backend=cpu")
-    # Against the baseline, whose relevance head never trained: recall@10 alone decides.
+    # Against the baseline: nDCG@10 of the judged queries decides (the default metric).
     gate = _job(root, "gate")
     assert gate["verdict"] == "PASS", gate
     _job(root, "health", *HEALTH)
@@ -260,8 +260,8 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     verdict = row.find_elements(By.CSS_SELECTOR, "td")[1].text
     assert verdict in {"PASS", "FAIL", "INCONCLUSIVE"}, row.text
     assert JOBS_RUN in row.text
-    # The first run's reference is the baseline, whose relevance head never trained.
-    assert "not compared: accuracy, AUC, log-loss (baseline is the baseline" in row.text
+    # The first run's reference is the baseline: search decides (the default metric).
+    assert "ndcg_at_10" in row.text and "PASS on ndcg_at_10" in row.text, row.text
     link = row.find_element(By.TAG_NAME, "a").get_attribute("href")
     assert link.startswith(f"{base}/dags/{REFRESH}/runs/manual__2026-01-01"), link
     production = browser.find_element(By.ID, "production-version").text
@@ -279,8 +279,10 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     assert products.table in row.replace("\n", "") and "PASS" in row, row
     check = products.search_check
     assert f"ANN recall {check['ann_recall']:.2%}" in row, row
-    recall = check["recall_at_10"]  # None: no query's relevant products all in the corpus
-    assert f"recall@10 {'not measured' if recall is None else f'{recall:.6g}'}" in row, row
+    assert f"nDCG@10 {check['ndcg_at_10']:.6g}" in row, row
+    # Production's age: trained through the day after day 1, nothing newer trained on.
+    age = browser.find_element(By.ID, "production-age").text
+    assert age.startswith("Production's age: ") and "trained through 2026-01-02" in age, age
     searched = browser.find_element(By.CSS_SELECTOR, "#search-checks tbody tr").text
     assert JOBS_RUN in searched.replace("\n", "") and "PASS" in searched, searched
     assert browser.find_element(By.ID, "health-verdict").text.startswith("Latest verdict PASS")
@@ -292,7 +294,7 @@ def test_login_and_the_page_on_a_store_the_jobs_filled(jobs_store, browser, tmp_
     chart = browser.find_element(By.CSS_SELECTOR, "#chart svg.quality-chart")
     assert chart.size["width"] > 300 and chart.size["height"] > 200
     # The chart the gate job wrote (reports/gate.vl.json), rendered by vl-convert.
-    assert len(chart.find_elements(By.CSS_SELECTOR, "g.point_marks path")) == 1  # recall@10
+    assert len(chart.find_elements(By.CSS_SELECTOR, "g.point_marks path")) == 1  # nDCG@10
     assert chart.find_elements(By.CSS_SELECTOR, "g.sla_line_marks")
     assert "gate.vl.json" in browser.find_element(By.ID, "chart").text
     banner = browser.find_element(By.ID, "banner").text
@@ -365,6 +367,21 @@ def test_trigger_with_defaults_then_the_page_says_why(demo_store, browser, tmp_p
     bad = server.trigger(REFRESH, "ui-bad-partition", None, {})["dag_run_id"]
     assert server.wait_for_run(REFRESH, bad, timeout=600)["state"] == "success"
     assert task_states(server.task_instances(REFRESH, bad))["release"] == "skipped"
+    # The search check refuses the same candidate on its own (no gate to lean on): its
+    # vectors, loaded and searched through the index, lose nDCG@10 against production's.
+    root = server.env["EMBEDFRESH_ARTIFACT_ROOT"]
+    for job in ("embed", "embed_verify", "index_load"):
+        done = run_job(job, f"artifact_root={root}", f"run_id={bad}", f"version={bad}")
+        assert done.returncode == 0, done.stderr[-2000:]
+    refused = run_job("search_check", f"artifact_root={root}", f"run_id={bad}", f"version={bad}")
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    check = json.loads(
+        (
+            Path(root.removeprefix("file://")) / f"runs/tiny/{bad}/reports/search-products.json"
+        ).read_text()
+    )
+    assert check["verdict"] == "FAIL" and check["regression"]["with"]["release"] == run_id, check
+    assert check["ndcg_at_10"] < check["regression"]["with"]["ndcg_at_10"]
     browser.get(page)
     banner = wait.until(ec.presence_of_element_located((By.ID, "banner")))
     assert browser.find_element(By.ID, "banner-production").text == run_id, banner.text

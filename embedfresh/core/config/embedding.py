@@ -15,7 +15,29 @@ DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 384, 512)
 """Padded lengths texts are bucketed into; those above the truncation length are dropped."""
 
 
-class EmbedConfig(JobConfig):
+class VectorConfig(JobConfig):
+    """The settings of a corpus's vectors that a job chooses (the rest come from the
+    model version): the embed job embeds with them, and the evaluation scores search
+    with the same, so the gate judges what is served."""
+
+    max_length: int | None = Field(default=None, ge=2)
+    """Truncation length in tokens; None: the model's own ``max_seq_length`` (its
+    sentence-transformers config; else its max position embeddings), so the vectors equal
+    ``SentenceTransformer(model).encode``. A length over the model's max position
+    embeddings is refused. Texts cut at it are counted per shard and logged."""
+    quantize: Literal["none", "int8", "bf16"] = "none"
+    """A fast mode: ``int8``, PyTorch's PT2E int8 quantisation of the encoder's linear
+    layers (torchao's ``X86InductorQuantizer``), activation scales calibrated on the
+    corpus's first shard, compiled by inductor (CPU backend on x86; each task compiles
+    its buckets' graphs on their first batches); ``bf16``, the encoder in bfloat16 (CPU
+    and CUDA backends with native bf16: AMX or AVX512-BF16, compute capability 8.0+;
+    refused elsewhere, where it would be emulated at 0.15x fp32). The job then first
+    runs the fast mode's quality gate (recall@10 on the eval split of ``dataset``, the
+    fast mode against fp32: one-sided non-inferiority at 95%, tolerance 0.001) and writes
+    nothing unless it passes (docs/GATE.md, "Fast modes: int8 and bf16 embeddings")."""
+
+
+class EmbedConfig(VectorConfig):
     """Embedding of corpus shards with one committed model version."""
 
     corpus: str = "products"
@@ -29,11 +51,6 @@ class EmbedConfig(JobConfig):
     lengths: list[int] = Field(default_factory=lambda: list(DEFAULT_LENGTHS))
     """The small fixed set of padded lengths (static shapes). Lengths above the truncation
     length are dropped and the truncation length itself is always one of them."""
-    max_length: int | None = Field(default=None, ge=2)
-    """Truncation length in tokens; None: the model's own ``max_seq_length`` (its
-    sentence-transformers config; else its max position embeddings), so the vectors equal
-    ``SentenceTransformer(model).encode``. A length over the model's max position
-    embeddings is refused. Texts cut at it are counted per shard and logged."""
     static_batches: bool = True
     """Pad the last batch of each length bucket to the bucket's row count (one shape per
     bucket for XLA/Neuron/compile). False trims it, which only saves work in eager mode."""
@@ -57,16 +74,6 @@ class EmbedConfig(JobConfig):
     ``artifact_root``."""
     prefetch: int = Field(default=1, ge=1, le=2)
     """Shards read and tokenised ahead of the one being embedded (bounded memory)."""
-    quantize: Literal["none", "int8", "bf16"] = "none"
-    """A fast mode: ``int8``, PyTorch's PT2E int8 quantisation of the encoder's linear
-    layers (torchao's ``X86InductorQuantizer``), activation scales calibrated on the
-    corpus's first shard, compiled by inductor (CPU backend on x86; each task compiles
-    its buckets' graphs on their first batches); ``bf16``, the encoder in bfloat16 (CPU
-    and CUDA backends with native bf16: AMX or AVX512-BF16, compute capability 8.0+;
-    refused elsewhere, where it would be emulated at 0.15x fp32). The job then first
-    runs the fast mode's quality gate (recall@10 on the eval split of ``dataset``, the
-    fast mode against fp32: one-sided non-inferiority at 95%, tolerance 0.001) and writes
-    nothing unless it passes (docs/GATE.md, "Fast modes: int8 and bf16 embeddings")."""
     dataset: str = "products"
     """Dataset whose eval split the fast mode's quality gate reads (unused with
     quantize=none)."""

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from embedfresh.core.config.base import JobConfig
+from embedfresh.core.config.evaluation import MIN_QUERIES
 from embedfresh.core.layout import safe_id
 from embedfresh.core.settings import keep_releases
 
@@ -82,11 +83,17 @@ class SearchCheckConfig(_ReleaseCorpusConfig):
     """Checks search on the release's table before it goes live (docs/SEARCH.md)."""
 
     dataset: str = "products"
-    """Data set whose eval split gives the queries and their relevant products."""
+    """Data set whose judgments (docs/DATA.md) give the queries and their graded
+    documents; they must judge this corpus (``judgments.json``)."""
     min_ann_recall: float = Field(default=0.95, gt=0, le=1)
     """The index is faithful when its top 10 holds at least this share of the exact top 10
     over the same vectors, averaged over the queries (searched with the ``ef_search``
     the table was loaded with, raised up to ``max_ef_search`` where needed)."""
+    max_ndcg_loss: float = Field(default=0.0005, ge=0, lt=1)
+    """The most nDCG@10 the index may lose against the exact search over the same
+    vectors, relative, on the judged queries (complete judgments): 0.0005 is half the
+    0.1% SLA, so that what the index costs does not decide the comparison. ``ef_search``
+    is raised (up to ``max_ef_search``) until it loses no more."""
     max_ef_search: int = Field(default=1000, ge=1, le=1000)
     """When the table is not faithful at the ``ef_search`` it was loaded with, the check
     doubles ``ef_search`` up to this (pgvector's most: 1000) and the release records the
@@ -97,15 +104,33 @@ class SearchCheckConfig(_ReleaseCorpusConfig):
     comparison is reported only (a person's "promote anyway")."""
     tolerance: float = Field(default=0.001, ge=0, lt=1)
     """Relative tolerance of the comparison: 0.001 is the 0.1% quality SLA."""
+    min_queries: int = Field(default=MIN_QUERIES, ge=1)
+    """The fewest judged queries a PASS rests on; on fewer, INCONCLUSIVE (as the gate's
+    ``min_queries``, which says why)."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     """Confidence level of the paired bootstrap interval."""
     resamples: int = Field(default=1000, ge=100)
     """Bootstrap resamples."""
     seed: int = 0
     """Seed of the bootstrap."""
+    queries: int = Field(default=4000, ge=1)
+    """Judged queries of the first look when this run's gate says nothing of it
+    (otherwise the first look takes as many as the gate's decision did); while the
+    comparison is open and the pool has more, the check looks again at twice as many,
+    as the gate does (docs/GATE.md, "Looks")."""
+    max_queries: int | None = Field(default=None, ge=1)
+    """The most judged queries the comparison grows to; None: the whole pool."""
+    min_judged_at_10: float = Field(default=0.1, ge=0, le=1)
+    """With incomplete judgments, the least share of the top 10 that must be judged for
+    the condensed comparison to decide; under it the check is INCONCLUSIVE (what users
+    see is mostly unjudged)."""
     gate_report: str = "gate"
-    """This run's quality gate decision (``reports/{gate_report}.json``) the check may
-    rest on when search over the whole corpus is undecided (``gate_fallback``)."""
+    """This run's quality gate decision (``reports/{gate_report}.json``): its number of
+    judged queries is the first look's."""
+    inconclusive_exits: bool = True
+    """Whether an INCONCLUSIVE check exits with code 3 (no release). False: it writes its
+    report and exits 0 with the verdict in its summary, for a run where a person decides
+    (the refresh DAG's approval, docs/GATE.md); FAIL always exits 3."""
 
     @field_validator("dataset")
     @classmethod

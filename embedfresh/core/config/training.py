@@ -74,6 +74,9 @@ class TrainConfig(JobConfig):
     report's ``eval_curve``. None: no evaluation during training."""
     eval_batch_size: int = Field(default=64, ge=1)
     """Batch size of those evaluations (fixed shape, like the evaluate job's)."""
+    eval_queries: int | None = Field(default=4000, ge=1)
+    """Judged queries those evaluations search (the first of the pool, as the evaluate
+    job's ``queries``); None: all of them."""
     dropout: float | None = Field(default=None, ge=0, lt=1)
     """Override of the model config's dropout probability for this run's training (the
     architecture, and so the published version's spec, is unchanged). ``0`` makes a
@@ -227,7 +230,8 @@ def describe_partitions(days: Sequence[dt.date], shown: int = 3) -> str:
 #: runs comparable (the start, the data, the evaluation points) or names them.
 PARITY_SHARED = frozenset(
     {"artifact_root", "model", "run_id", "version", "init", "init_version", "dataset",
-     "data_interval_start", "data_interval_end", "eval_every", "eval_batch_size", "backend"}
+     "data_interval_start", "data_interval_end", "eval_every", "eval_batch_size", "eval_queries",
+     "backend"}
 )  # fmt: skip
 
 
@@ -249,9 +253,10 @@ class ParityConfig(TrainConfig):
     """Candidate backend; its run id is ``{run_id}-{backend_b}``."""
     eval_every: int | None = Field(default=50, ge=1)
     metrics: list[str] = Field(
-        default_factory=lambda: ["accuracy", "auc", "log_loss", "recall_at_10"]
+        default_factory=lambda: ["accuracy", "auc", "log_loss", "ndcg_at_10"]
     )
-    """Metrics gated at every evaluation point."""
+    """Metrics gated at every evaluation point (two-sided: the relevance head's as much as
+    search, since a migration must not move either)."""
     tolerance: float = Field(default=0.001, ge=0, lt=1)
     """Relative two-sided tolerance: 0.001 is the 0.1% SLA."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1)

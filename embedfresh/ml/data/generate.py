@@ -56,7 +56,13 @@ from embedfresh.ml.data.catalogue import (
     USE,
     WARRANTY_YEARS,
 )
-from embedfresh.ml.data.schema import CORPUS_SCHEMA, EXAMPLE_SCHEMA, FEATURE_NAMES
+from embedfresh.ml.data.judgments import write_spec
+from embedfresh.ml.data.schema import (
+    CORPUS_SCHEMA,
+    EXAMPLE_SCHEMA,
+    FEATURE_NAMES,
+    JUDGMENTS_SCHEMA,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ _PRODUCT_ID_BASE = 10_000_000
 # Train query ids are (day ordinal << 24) + i, below 2**44; eval ids live far above.
 _QUERY_INDEX_BITS = 24
 _EVAL_QUERY_ID_BASE = 1 << 50
+_JUDGED_QUERY_ID_BASE = 1 << 51
 CANDIDATES_PER_QUERY = 8
 _TRENDING_CATEGORIES = 3
 
@@ -562,19 +569,22 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 _UNOBSERVED_NOISE = 0.8
 
 
-def _relevance_logit(
-    rng: np.random.Generator, p: _Products, q: _Queries, qi: np.ndarray, trending: np.ndarray
-) -> np.ndarray:
-    """The true log-odds that a shopper finds product ``p`` relevant to query ``q``.
+def _expected_logit(p: _Products, q: _Queries, qi: np.ndarray, trending: np.ndarray) -> np.ndarray:
+    """The log-odds that a shopper finds product ``p`` relevant to query ``q``, before
+    the shopper's own taste (which no column records, and keeps the best possible
+    accuracy below 90%): what a judge of the pair grades.
 
     Text semantics dominate (category, then attribute); within a category the dense
-    features decide through interactions with the query's intent.
+    features decide through interactions with the query's intent. Aligned 1-D pairs, or
+    a grid: ``qi`` of shape (queries, 1) against products whose columns are (1, products)
+    (``attrs`` (1, products, kinds)), giving (queries, products).
     """
     qcat, kind, value, intent = q.category[qi], q.kind[qi], q.value[qi], q.intent[qi]
     same = p.category == qcat
     related = _RELATED[qcat, p.category]
     has_attr = kind >= 0
-    match = has_attr & (np.take_along_axis(p.attrs, np.maximum(kind, 0)[:, None], 1)[:, 0] == value)
+    asked = np.take_along_axis(p.attrs, np.maximum(kind, 0)[..., None], -1)[..., 0]
+    match = has_attr & (asked == value)
     log_reviews = np.log1p(p.review_count)
 
     logit = np.where(same, 1.8, np.where(related, -3.2, -5.0))
@@ -587,8 +597,7 @@ def _relevance_logit(
     logit += np.where(p.in_stock > 0, 0.0, -2.2)
     logit += 0.8 * p.discount - 0.05 * np.log1p(p.days_since_listed)
     logit += np.where(trending[p.category], 0.3, 0.0)
-    # Taste no column records: keeps the best possible accuracy below 90%.
-    return logit + rng.normal(0.0, _UNOBSERVED_NOISE, len(qi))
+    return logit
 
 
 # --------------------------------------------------------------------------------------
@@ -600,6 +609,8 @@ def _relevance_logit(
 class _Examples:
     table: pa.Table
     probability: np.ndarray
+    expected: np.ndarray
+    """Each pair's probability of relevance before the shopper's own taste."""
     same_category: np.ndarray
 
 
@@ -618,7 +629,8 @@ def _examples(
     queries = _sample_queries(rng, n_queries, np.where(trending, 2.5, 1.0))
     qi, pi = _sample_candidates(rng, cat, queries, rows)
     products = _subset(cat.products, pi)
-    probability = _sigmoid(_relevance_logit(rng, products, queries, qi, trending))
+    logit = _expected_logit(products, queries, qi, trending)
+    probability = _sigmoid(logit + rng.normal(0.0, _UNOBSERVED_NOISE, rows))
     label = (rng.random(rows) < probability).astype(np.int8)
 
     texts = pa.array([_query_text(queries, i) for i in range(n_queries)], pa.string())
@@ -633,7 +645,7 @@ def _examples(
         "label": pa.array(label),
     }
     table = pa.Table.from_arrays([columns[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
-    return _Examples(table, probability, products.category == queries.category[qi])
+    return _Examples(table, probability, _sigmoid(logit), products.category == queries.category[qi])
 
 
 def _trending(seed: int, day: dt.date) -> np.ndarray:
@@ -669,15 +681,107 @@ def generate_eval(seed: int, rows: int) -> pa.Table:
 
 
 # --------------------------------------------------------------------------------------
+# Judgments
+# --------------------------------------------------------------------------------------
+
+#: Grades from a pair's expected probability of relevance (before a shopper's own
+#: taste): below the first edge 0 (Irrelevant), then 1 (Complement), 2 (Substitute),
+#: 3 (Exact), as ESCI names its grades (docs/DATA.md).
+GRADE_EDGES = (0.5, 0.7, 0.85)
+# Queries judged over the corpus per block: bounds memory to block x catalogue pairs.
+_JUDGE_BLOCK = 64
+
+
+def grade_of(probability: np.ndarray) -> np.ndarray:
+    """Grades 0-3 of expected probabilities of relevance (:data:`GRADE_EDGES`)."""
+    return np.digitize(probability, GRADE_EDGES).astype(np.int8)
+
+
+def generate_judgments(seed: int, queries: int, corpus_rows: int) -> pa.Table:
+    """Complete graded judgments of ``queries`` held-out queries over the first
+    ``corpus_rows`` products of the corpus: every (query, product) pair graded by the
+    generator's own relevance model (the catalogue's products and those beyond it),
+    rows of grade 0 left out (a split marked complete counts an unlisted document as
+    grade 0). Queries whose products all grade 0 have no row. Query ids never occur in a
+    training partition or the eval split. Costs queries x corpus rows pair gradings
+    (about 1 s per 1,000 queries over the 24,000-product catalogue).
+    """
+    _check_seed(seed)
+    _check_positive(queries, "judged queries")
+    _check_positive(corpus_rows, "corpus rows")
+    q = _sample_queries(_rng(seed, "judged"), queries, np.ones(_N_CAT))
+    no_trend = np.zeros(_N_CAT, dtype=bool)
+    qids, dids, grades = [], [], []
+    for ids, products in _corpus_products(seed, corpus_rows):
+        row = _Products(  # every product as one row of the grid
+            **{f.name: getattr(products, f.name)[None] for f in dataclasses.fields(products)}
+        )
+        for start in range(0, queries, _JUDGE_BLOCK):
+            block = np.arange(start, min(start + _JUDGE_BLOCK, queries), dtype=np.int64)[:, None]
+            grade = grade_of(_sigmoid(_expected_logit(row, q, block, no_trend)))
+            qi, pi = np.nonzero(grade)
+            qids.append(block[qi, 0])
+            dids.append(ids[pi])
+            grades.append(grade[qi, pi])
+    qi, doc = np.concatenate(qids), np.concatenate(dids)
+    order = np.lexsort((doc, qi))
+    qi, doc, grade = qi[order], doc[order], np.concatenate(grades)[order]
+    texts = pa.array([_query_text(q, i) for i in range(queries)], pa.string())
+    return pa.table(
+        {
+            "query_id": pa.array(_JUDGED_QUERY_ID_BASE + qi, pa.int64()),
+            "query": pc.take(texts, pa.array(qi)),
+            "doc_id": pa.array(doc, pa.int64()),
+            "grade": pa.array(grade, pa.int8()),
+        },
+        schema=JUDGMENTS_SCHEMA,
+    )
+
+
+def _corpus_products(seed: int, rows: int) -> Iterator[tuple[np.ndarray, _Products]]:
+    """The first ``rows`` products of the corpus as (ids, products) pieces: the
+    catalogue's, then the blocks drawn beyond it (:func:`_extra_block`'s)."""
+    catalogue = _catalogue(seed)
+    head = min(rows, CATALOGUE_SIZE)
+    yield catalogue.ids[:head], _subset(catalogue.products, np.arange(head))
+    for block in range(math.ceil((rows - head) / _CORPUS_BLOCK_ROWS)):
+        ids, products = _extra_products(seed, block)
+        take = min(rows - head - block * _CORPUS_BLOCK_ROWS, _CORPUS_BLOCK_ROWS)
+        yield ids[:take], _subset(products, np.arange(take))
+
+
+def sparse_judgments(seed: int, eval_rows: int) -> pa.Table:
+    """Judgments shaped like a team's labels: the eval split's own candidates only (a
+    few per query, grade 0 included), graded as :func:`generate_judgments` grades."""
+    ex = _eval_examples(seed, eval_rows)
+    grade = grade_of(ex.expected)
+    t = ex.table
+    return pa.table(
+        {
+            "query_id": t.column("query_id"),
+            "query": t.column("query"),
+            "doc_id": t.column("product_id"),
+            "grade": pa.array(grade, pa.int8()),
+        },
+        schema=JUDGMENTS_SCHEMA,
+    )
+
+
+# --------------------------------------------------------------------------------------
 # Corpus
 # --------------------------------------------------------------------------------------
 
 
-def _extra_block(seed: int, block: int) -> tuple[np.ndarray, pa.Array]:
+def _extra_products(seed: int, block: int) -> tuple[np.ndarray, _Products]:
     """Block ``block`` of products beyond the catalogue, drawn from its own stream."""
     products = _make_products(_rng(seed, "corpus-extra", block), _CORPUS_BLOCK_ROWS)
     start = _PRODUCT_ID_BASE + CATALOGUE_SIZE + block * _CORPUS_BLOCK_ROWS
-    ids = start + np.arange(_CORPUS_BLOCK_ROWS, dtype=np.int64)
+    return start + np.arange(_CORPUS_BLOCK_ROWS, dtype=np.int64), products
+
+
+def _extra_block(seed: int, block: int) -> tuple[np.ndarray, pa.Array]:
+    """Ids and texts of block ``block`` of products beyond the catalogue."""
+    ids, products = _extra_products(seed, block)
     return ids, _texts(_render_titles(products), _render_descriptions(products))
 
 
@@ -778,6 +882,34 @@ def _write_corpus(
     return {"name": name, "url": store.url(directory), "rows": rows, "shards": shards}
 
 
+def _write_judgments(
+    store: ArtifactStore,
+    name: str,
+    corpus: str,
+    kind: str,
+    seed: int,
+    queries: int,
+    eval_rows: int,
+    corpus_rows: int,
+) -> dict[str, Any]:
+    complete = kind == "complete"
+    table = (
+        generate_judgments(seed, queries, corpus_rows)
+        if complete
+        else sparse_judgments(seed, eval_rows)
+    )
+    directory = layout.judgments(name)
+    rel = f"{directory}/{layout.part_name(0)}"
+    store.write_bytes(rel, parquet_bytes(table))
+    write_spec(store, name, complete, corpus)
+    return {
+        "url": store.url(rel),
+        "rows": table.num_rows,
+        "queries": len(pc.unique(table.column("query_id"))),
+        "complete": complete,
+    }
+
+
 def write_dataset(
     store: ArtifactStore,
     name: str,
@@ -789,9 +921,15 @@ def write_dataset(
     corpus_name: str,
     corpus_rows: int,
     corpus_shard_rows: int,
+    judged_queries: int = 2000,
+    judgments: str = "complete",
 ) -> dict[str, Any]:
-    """Write ``days`` daily train partitions, the eval split and the corpus shards.
+    """Write ``days`` daily train partitions, the eval split, its judgments and the
+    corpus shards.
 
+    ``judgments``: ``complete`` grades ``judged_queries`` queries against every
+    catalogue product of the corpus (:func:`generate_judgments`); ``sparse`` grades the
+    eval split's own candidates (:func:`sparse_judgments`), as a team's labels are.
     Everything is regenerated and overwritten; the same arguments give the same bytes.
     """
     _check_seed(seed)
@@ -801,10 +939,13 @@ def write_dataset(
         (eval_rows, "eval rows"),
         (corpus_rows, "corpus rows"),
         (corpus_shard_rows, "corpus shard rows"),
+        (judged_queries, "judged queries"),
     ):
         _check_positive(value, what)
     layout.safe_id(name, "dataset")
     layout.safe_id(corpus_name, "corpus")
+    if judgments not in ("complete", "sparse"):
+        raise BadInputError(f"judgments must be complete or sparse, got {judgments!r}")
 
     train = []
     positives = 0
@@ -816,6 +957,9 @@ def write_dataset(
         train.append({"day": day.isoformat(), **entry})
         log.info("wrote %s (%d rows)", entry["url"], entry["rows"])
     eval_entry = _write_examples(store, layout.eval_split(name), generate_eval(seed, eval_rows))
+    judgments_entry = _write_judgments(
+        store, name, corpus_name, judgments, seed, judged_queries, eval_rows, corpus_rows
+    )
     corpus_entry = _write_corpus(store, corpus_name, seed, corpus_rows, corpus_shard_rows)
     return {
         "dataset": name,
@@ -824,6 +968,7 @@ def write_dataset(
         "train_rows": train_rows * days,
         "positive_rate": round(positives / (train_rows * days), 6),
         "eval": eval_entry,
+        "judgments": judgments_entry,
         "corpus": corpus_entry,
     }
 

@@ -34,6 +34,17 @@ EXAMPLE_SCHEMA = pa.schema(
     ]
 )
 
+JUDGMENTS_SCHEMA = pa.schema(
+    [
+        pa.field("query_id", pa.int64(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("grade", pa.int8(), nullable=False),
+    ]
+)
+"""Graded judgments of an eval split (docs/DATA.md), as the generator writes them:
+``doc_id`` is the corpus's own id (int64 here; a team's may be strings), ``grade`` 0-3."""
+
 CORPUS_SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), nullable=False),

@@ -12,7 +12,7 @@ gate they must pass before anything is published.
 The gate asks the question a user asks of a fast mode, "is it worse?": a one-sided
 non-inferiority test. It embeds the eval split's queries and products twice with the
 job's own path (bucketing, the model's own truncation), fp32 and the fast mode, computes
-recall@10 per query with :func:`embedfresh.ml.evaluation.recall_at_k` and runs the paired
+recall@10 per query with :func:`embedfresh.ml.embedding.pools.recall_at_k` and runs the paired
 bootstrap of :func:`embedfresh.ml.gate.decision.gate` in ``no_regression`` mode at
 :data:`GATE_CONFIDENCE`: PASS when the lower bound of the relative difference
 d = (fast - fp32) / fp32 is at least -0.1% (the SLA) at one-sided 95% confidence.
@@ -327,25 +327,25 @@ def fast_mode_gate(
     against fp32: is it worse than fp32 by more than ``tolerance``? (one-sided,
     :data:`GATE_CONFIDENCE`). The summary's keys name the mode (``recall_at_10_bf16``)."""
     from embedfresh.ml.data.reader import read_eval
-    from embedfresh.ml.evaluation import (
-        DEFAULT_RECALL_POOL,
-        _retrieval_sets,
+    from embedfresh.ml.embedding.pools import (
+        POOL_SIZE,
         recall_at_k,
         recall_pools,
+        retrieval_sets,
     )
 
     examples = read_eval(store, dataset)
-    query_ids, query_texts, _, product_texts, relevant = _retrieval_sets(examples)
+    query_ids, query_texts, _, product_texts, relevant = retrieval_sets(examples)
     if len(query_ids) == 0:
         raise BadInputError(
             f"eval split of {dataset!r} has no relevant (label 1) pairs: "
             f"the {mode} quality gate needs recall@10"
         )
-    # The evaluation's own recall@10 definition: over a fixed candidate pool per query
-    # (docs/GATE.md), where more queries narrow the interval; all products if too few.
-    pool = DEFAULT_RECALL_POOL
+    # Over a fixed candidate pool per query (docs/GATE.md), where more queries narrow the
+    # interval; all products if too few.
+    pool = POOL_SIZE
     pools = None
-    if pool is not None and pool < len(product_texts):
+    if pool < len(product_texts):
         pools = recall_pools(query_ids, relevant, len(product_texts), pool)
     hidden = fp32.spec.embedding_dim
     # The model's own prompts, as the embed job and the evaluation put them.

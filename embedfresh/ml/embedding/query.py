@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,20 +37,109 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import embed_plan
 
+if TYPE_CHECKING:
+    from embedfresh.ml.backends import Backend
+
 log = logging.getLogger(__name__)
 
 TOKEN_BUDGET = EmbedConfig.model_fields["token_budget"].default
 
 
-class ReleaseEncoder:
+def vector_settings(
+    spec: Any,
+    max_length: int,
+    quantize: str,
+    backend: str,
+    calibration_part: str | None = None,
+) -> dict[str, Any]:
+    """Every setting that changes a corpus's vectors, as the embed job records them in
+    its manifest and a release's query encoder reads them back (:class:`ReleaseEncoder`):
+    the truncation length, pooling, Dense modules, prompt, normalisation, fast mode and
+    backend (not the batching: packed or padded, budget and buckets give the same
+    vectors up to float rounding). int8 adds the corpus shard its activation scales were
+    calibrated on (``calibration_part``) and its route."""
+    settings = {
+        "max_length": max_length,
+        "pooling": spec.pooling_mode,
+        "dense": [layer.model_dump() for layer in spec.dense or []],
+        "prompt": spec.prompt("document"),
+        "normalize": True,
+        "quantize": quantize,
+        "backend": backend,
+    }
+    if quantize == "int8":
+        from embedfresh.ml.embedding.precision import int8_settings
+
+        settings["int8_calibration"] = calibration_part
+        settings.update(int8_settings())  # parts of the earlier dynamic route are stale
+    return settings
+
+
+class TextEncoder:
+    """Texts to unit vectors with one encoder module, exactly as the embed job embeds a
+    corpus: its tokenizer at ``max_length``, length buckets under the job's token budget
+    (:func:`embedfresh.ml.embedding.encode.embed_plan`), queries after the model's query
+    prompt and documents after its document prompt.
+
+    :param packed: the embed job's packed forward on CPU/CUDA (same vectors); off for a
+        model wrapped for training (FSDP), whose layers are only reached by ``embed``.
+    """
+
+    def __init__(
+        self,
+        encoder: Any,
+        backend: Any,
+        tokenizer_json: bytes,
+        spec: Any,
+        max_length: int,
+        document_prompt: str,
+        packed: bool = True,
+    ) -> None:
+        self.max_length = int(max_length)
+        self.hidden = spec.embedding_dim
+        self.backend = backend
+        self.tokenizer = VariableTokenizer(tokenizer_json, self.max_length)
+        self.lengths = padded_lengths(DEFAULT_LENGTHS, self.max_length)
+        self.query_prompt = spec.prompt("query")
+        self.document_prompt = document_prompt
+        self._encoder = encoder
+        self._packed = packed
+        self.truncated = 0
+        """Texts cut at :attr:`max_length` so far (each also logged)."""
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` as queries (after the model's query prompt)."""
+        return self._embed([self.query_prompt + t for t in texts], "queries")
+
+    def documents(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` as documents: what the corpus's vectors are."""
+        return self._embed([self.document_prompt + t for t in texts], "documents")
+
+    def _embed(self, texts: list[str], what: str) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.hidden), dtype=np.float32)
+        token_ids, cut = self.tokenizer(texts)
+        if cut:
+            self.truncated += cut
+            log.warning(
+                "%d of %d %s are longer than %d tokens and were truncated",
+                cut, len(texts), what, self.max_length,
+            )  # fmt: skip
+        plan = make_batches(token_ids, self.lengths, TOKEN_BUDGET)
+        return embed_plan(
+            self._encoder, self.backend, plan, len(texts), self.hidden, packed=self._packed
+        )
+
+
+class ReleaseEncoder(TextEncoder):
     """Embeds queries and documents as the corpus ``corpus`` of a release was embedded.
 
     :param settings: the embedding set's settings (its manifest's, as the release
-        records them): ``max_length``, ``pooling``, ``dense``, ``prompt``, ``normalize``,
-        ``quantize``, ``backend`` (and ``int8_calibration``, ``int8_route``,
-        ``int8_between_gemms``).
-    :param backend: run on this backend instead of the one the corpus was embedded on
-        (logged: float rounding differs between devices).
+        records them; :func:`vector_settings`): ``max_length``, ``pooling``, ``dense``,
+        ``prompt``, ``normalize``, ``quantize``, ``backend`` (and ``int8_calibration``,
+        ``int8_route``, ``int8_between_gemms``).
+    :param backend: run on this backend (a name, or one built already) instead of the one
+        the corpus was embedded on (logged: float rounding differs between devices).
     :raises BadInputError: the settings do not describe this version's encoder.
     """
 
@@ -61,7 +150,7 @@ class ReleaseEncoder:
         version: str,
         corpus: str,
         settings: dict[str, Any],
-        backend: str | None = None,
+        backend: str | Backend | None = None,
     ) -> None:
         from embedfresh.ml.backends import get_backend
         from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS, fast_model
@@ -71,21 +160,20 @@ class ReleaseEncoder:
         spec = loaded.spec
         self.model, self.version, self.corpus = model, version, corpus
         self._check(spec, settings)
-        self.max_length = int(settings["max_length"])
-        self.hidden = spec.embedding_dim
         recorded = str(settings.get("backend") or "cpu")
-        self.backend = get_backend(backend or recorded)
-        if self.backend.name != recorded:
+        built = backend is not None and not isinstance(backend, str)
+        device = backend if built else get_backend(backend or recorded)
+        if device.name != recorded:
             log.warning(
                 "the corpus of %s %s was embedded on %s; queries are embedded on %s (vectors "
                 "differ by float rounding, cosine ~1e-6)",
-                model, version, recorded, self.backend.name,
+                model, version, recorded, device.name,
             )  # fmt: skip
-        self.tokenizer = VariableTokenizer(loaded.tokenizer_json, self.max_length)
-        self.lengths = padded_lengths(DEFAULT_LENGTHS, self.max_length)
-        self.query_prompt = spec.prompt("query")
-        self.document_prompt = str(settings.get("prompt") or "")
-        encoder = versions.instantiate(loaded).to(self.backend.device)
+        document_prompt = str(settings.get("prompt") or "")
+        super().__init__(
+            None, device, loaded.tokenizer_json, spec, settings["max_length"], document_prompt
+        )
+        encoder = versions.instantiate(loaded).to(device.device)
         encoder.eval()
         self.quantize = str(settings.get("quantize") or "none")
         if self.quantize != "none":
@@ -93,12 +181,8 @@ class ReleaseEncoder:
             if self.quantize == "int8":
                 texts = self._calibration_texts(store, settings, CALIBRATION_TEXTS)
                 between = self._int8_route(settings)
-            encoder, _ = fast_model(
-                encoder, self.backend, self.quantize, self.tokenizer, texts, between
-            )
+            encoder, _ = fast_model(encoder, device, self.quantize, self.tokenizer, texts, between)
         self._encoder = encoder
-        self.truncated = 0
-        """Texts cut at :attr:`max_length` so far (each also logged)."""
 
     @classmethod
     def for_release(
@@ -147,24 +231,3 @@ class ReleaseEncoder:
             )
         _, texts = read_corpus_shard(store, f"{layout.corpus(self.corpus)}/{part}")
         return [self.document_prompt + t for t in texts[:n]]
-
-    def queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit vectors of ``texts`` as queries (after the model's query prompt)."""
-        return self._embed([self.query_prompt + t for t in texts], "queries")
-
-    def documents(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit vectors of ``texts`` as documents: what the corpus's vectors are."""
-        return self._embed([self.document_prompt + t for t in texts], "documents")
-
-    def _embed(self, texts: list[str], what: str) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.hidden), dtype=np.float32)
-        token_ids, cut = self.tokenizer(texts)
-        if cut:
-            self.truncated += cut
-            log.warning(
-                "%d of %d %s are longer than %d tokens and were truncated",
-                cut, len(texts), what, self.max_length,
-            )  # fmt: skip
-        plan = make_batches(token_ids, self.lengths, TOKEN_BUDGET)
-        return embed_plan(self._encoder, self.backend, plan, len(texts), self.hidden)

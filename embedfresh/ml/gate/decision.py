@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,10 @@ DEFAULT_TOLERANCE = 0.001
 HIGHER_IS_BETTER: dict[str, bool] = {
     "accuracy": True,
     "auc": True,
+    "ndcg_at_10": True,
     "recall_at_10": True,
+    "recall_at_100": True,
+    "mrr_at_10": True,
     "log_loss": False,
 }
 # Beyond this many examples an eval set is not a practical request: the estimate sits (almost)
@@ -185,6 +188,7 @@ def gate(
     confidence: float = 0.95,
     seed: int = 0,
     higher_is_better: Mapping[str, bool] | None = None,
+    min_pass_n: int = 1,
 ) -> GateResult:
     """Gate a candidate against a reference on ``metrics``.
 
@@ -195,6 +199,8 @@ def gate(
     :param mode: ``no_regression`` or ``parity``.
     :param tolerance: the relative tolerance t (0.001 = 0.1%).
     :param higher_is_better: overrides of :data:`HIGHER_IS_BETTER` per metric.
+    :param min_pass_n: the fewest examples a metric's PASS rests on; on fewer, an
+        interval that clears the margin is INCONCLUSIVE (asking for ``min_pass_n``).
     :raises BadInputError: bad parameters, or outcomes that are malformed or misaligned.
     """
     mode, names = check_parameters(metrics, mode, tolerance)
@@ -212,7 +218,7 @@ def gate(
             results.append(MetricGate(name, Verdict.FAIL, reason, hib))
             continue
         boot = paired_bootstrap(name, cand, ref, resamples, confidence, seed)
-        results.append(_judge(boot, mode, tolerance, hib))
+        results.append(_too_few(_judge(boot, mode, tolerance, hib), min_pass_n))
 
     verdict = _combine([r.verdict for r in results])
     n_needed, capped = _overall_n(results)
@@ -360,6 +366,19 @@ def _judge(boot: BootstrapResult, mode: Mode, t: float, hib: bool) -> MetricGate
         hint = f"about {n_needed:,} examples (now {boot.n:,}) would decide"
     reason = f"{shown}: straddles the tolerance edge {edge:+.4%}; {hint}"
     return MetricGate(name, Verdict.INCONCLUSIVE, reason, hib, boot, n_needed, capped)
+
+
+def _too_few(judged: MetricGate, min_pass_n: int) -> MetricGate:
+    """A PASS on fewer than ``min_pass_n`` examples, made INCONCLUSIVE: an interval from
+    so few under-covers (a FAIL stands: it keeps production where it is)."""
+    if judged.verdict is not Verdict.PASS or judged.bootstrap.n >= min_pass_n:
+        return judged
+    n = judged.bootstrap.n
+    reason = (
+        f"{judged.reason}, but on {n:,} examples, fewer than the {min_pass_n:,} a PASS "
+        f"rests on (min_queries)"
+    )
+    return replace(judged, verdict=Verdict.INCONCLUSIVE, reason=reason, n_needed=min_pass_n)
 
 
 def _n_needed(n: int, est: float, lo: float, hi: float, edge: float) -> tuple[int, bool]:

@@ -9,6 +9,7 @@ import numpy as np
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.data.reader import read_parquet
+from embedfresh.ml.gate.stats import RANKING_METRICS
 
 
 def load_outcomes(store: ArtifactStore, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -36,8 +37,9 @@ def load_outcomes(store: ArtifactStore, report: dict[str, Any]) -> dict[str, dic
             "prob": ex.column("prob").to_numpy(),
         },
         "retrieval": {
-            "query_id": qs.column("query_id").to_numpy(),
-            "recall_at_10": qs.column("recall_at_10").to_numpy(),
+            name: qs.column(name).to_numpy()
+            for name in ("query_id", *RANKING_METRICS)
+            if name in qs.column_names
         },
     }
 
@@ -48,11 +50,3 @@ def _pair_id(query_ids: np.ndarray, product_ids: np.ndarray) -> np.ndarray:
         return (query_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ product_ids.astype(
             np.uint64
         )
-
-
-def pool_definition(report: dict[str, Any]) -> dict[str, Any]:
-    """The recall@10 pool definition an eval report was made with (reports written
-    before ``recall_pool`` ranked among all products)."""
-    from embedfresh.ml.evaluation import ALL_PRODUCTS
-
-    return report.get("recall_pool") or dict(ALL_PRODUCTS)

@@ -5,7 +5,8 @@ Outcomes are dicts of 1-D arrays aligned by example (by query for retrieval):
 - ``label`` (0/1) and ``prob`` (in [0, 1]) for the relevance head: ``accuracy``
   (threshold 0.5), ``log_loss`` (probabilities clipped to [1e-7, 1 - 1e-7], lower is better)
   and ``auc`` (ROC AUC, ties counted half);
-- ``recall_at_10`` (in [0, 1], one value per query) for retrieval: ``recall_at_10``.
+- ``ndcg_at_10``, ``recall_at_10``, ``recall_at_100``, ``mrr_at_10`` (in [0, 1], one
+  value per judged query) for search (:mod:`embedfresh.ml.ranking`).
 
 Optional ``example_id`` (relevance) and ``query_id`` (retrieval) arrays, when both sides carry
 them, must match exactly: the cheapest proof that both models were scored on the same rows.
@@ -70,8 +71,13 @@ METRICS: dict[str, _MetricSpec] = {
     "accuracy": _MetricSpec(("label", "prob"), "example_id", "mean"),
     "log_loss": _MetricSpec(("label", "prob"), "example_id", "mean"),
     "auc": _MetricSpec(("label", "prob"), "example_id", "auc"),
-    "recall_at_10": _MetricSpec(("recall_at_10",), "query_id", "mean"),
+    **{
+        name: _MetricSpec((name,), "query_id", "mean")
+        for name in ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
+    },
 }
+#: The search metrics: one value per judged query (:mod:`embedfresh.ml.ranking`).
+RANKING_METRICS = tuple(name for name, spec in METRICS.items() if spec.id_key == "query_id")
 
 
 @dataclass(frozen=True)
@@ -225,8 +231,8 @@ def _per_example(name: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
     if name == "log_loss":
         p = np.clip(arrays["prob"].astype(np.float64), PROB_EPS, 1.0 - PROB_EPS)
         return np.where(arrays["label"] == 1, -np.log(p), -np.log1p(-p))
-    if name == "recall_at_10":
-        return arrays["recall_at_10"].astype(np.float64)
+    if name in RANKING_METRICS:
+        return arrays[name].astype(np.float64)
     raise AssertionError(f"no per-example value for {name}")
 
 

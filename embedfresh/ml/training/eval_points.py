@@ -10,6 +10,7 @@ from embedfresh.core import layout
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend
+from embedfresh.ml.model.presets import ModelSpec
 from embedfresh.ml.model.relevance import RelevanceModel
 from embedfresh.ml.model.tokenizer import TextTokenizer
 from embedfresh.ml.training.state import rng_state, set_rng_state
@@ -40,12 +41,16 @@ class EvalPoints:
         store: ArtifactStore,
         backend: Backend,
         tokenizer: TextTokenizer,
+        spec: ModelSpec,
+        tokenizer_json: bytes,
         curve: list[dict[str, Any]],
     ) -> None:
-        from embedfresh.ml.evaluation import EvalSet  # noqa: PLC0415 - only when evaluating
+        from embedfresh.ml.evaluation import Pairs, Searcher  # noqa: PLC0415 - when evaluating
 
         self.cfg, self.store, self.backend = cfg, store, backend
-        self.data = EvalSet.load(store, cfg.dataset, tokenizer)
+        self.spec, self.tokenizer_json = spec, tokenizer_json
+        self.pairs = Pairs.load(store, cfg.dataset, tokenizer)
+        self.searcher = Searcher.load(store, cfg.dataset, None)
         self.curve = curve
         self.compiles = 0
         self.seconds = 0.0
@@ -55,15 +60,23 @@ class EvalPoints:
         return done % self.cfg.eval_every == 0 or done == total
 
     def __call__(self, model: RelevanceModel, done: int, version: str) -> None:
+        from embedfresh.ml.embedding.query import TextEncoder  # noqa: PLC0415
         from embedfresh.ml.evaluation import evaluate_model, write_outcomes  # noqa: PLC0415
 
         started = time.perf_counter()
         compiles_before = self.backend.compiles()
         saved = rng_state(self.backend)
+        # The embed job's route at the model's own embedding length; the unpacked
+        # forward (``embed``), which a sharded model reaches.
+        encoder = TextEncoder(
+            model, self.backend, self.tokenizer_json, self.spec,
+            self.spec.embedding_max_length, self.spec.prompt("document"), packed=False,
+        )  # fmt: skip
         try:
-            metrics, tables = evaluate_model(
-                model, self.backend, self.data, self.cfg.eval_batch_size
-            )
+            metrics, tables, _ = evaluate_model(
+                model, self.backend, self.pairs, self.searcher, encoder,
+                self.cfg.eval_batch_size, self.cfg.eval_queries,
+            )  # fmt: skip
         finally:
             set_rng_state(saved, self.backend)
             model.train()
@@ -84,10 +97,9 @@ class EvalPoints:
                 "step": done,
                 "dataset": cfg.dataset,
                 "metrics": metrics,
-                "n_examples": len(self.data.examples),
-                "n_queries": len(self.data.query_ids),
-                "n_products": len(self.data.product_ids),
-                "recall_pool": self.data.recall_pool,
+                "n_examples": len(self.pairs.examples),
+                "n_queries": len(tables["queries"]["query_id"]),
+                "corpus": self.searcher.corpus,
                 "outcomes": outcomes,
                 "wall_seconds": round(seconds, 3),
                 **self.backend.metadata(),

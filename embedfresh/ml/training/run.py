@@ -279,7 +279,15 @@ class TrainingRun:
         evaluator = None
         # A sharded model runs only on every rank at once: each evaluates, rank 0 writes.
         if cfg.eval_every is not None and (backend.is_main or self.sharding is not None):
-            evaluator = EvalPoints(cfg, self.store, backend, tokenizer, state.eval_curve)
+            evaluator = EvalPoints(
+                cfg,
+                self.store,
+                backend,
+                tokenizer,
+                self.spec,
+                self.tokenizer_json,
+                state.eval_curve,
+            )
         forward = self._forward(model)
         log.info("%s", padding_line(backend, data, self.spec.max_length))
         trainer = Trainer(
