@@ -70,10 +70,11 @@ airflow: $(STAMP)
 ## Lint, format check, import contracts and the whole test suite, in two pytest-xdist
 ## workers (a test file stays on one worker: module fixtures are built once). Most tests
 ## wait on subprocesses, servers and polls, so two workers overlap that waiting even on a
-## 2-core box (docs/BENCHMARKS.md, "The test suite"). TEST_WORKERS=0 runs it serially.
+## 2-core box (docs/BENCHMARKS.md, "The test suite"). Files go out slowest first, and a
+## test over 120 s fails unless listed (tests/suite_time.py). TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 ## ruff, then the import contracts ([tool.importlinter] in pyproject.toml) with lint-imports
 ## on the tree laid out as it installs (scripts/lint_imports.py).

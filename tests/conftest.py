@@ -15,6 +15,13 @@ from pathlib import Path
 
 import pytest
 
+# The suite's order across the two workers and its limit on one test (make test).
+from tests.suite_time import (  # noqa: F401
+    pytest_collection_modifyitems,
+    pytest_runtest_makereport,
+    pytest_xdist_make_scheduler,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 DAY1 = dt.date(2026, 1, 1)
 DAY2 = dt.date(2026, 1, 2)
