@@ -11,7 +11,12 @@ carry to the next), in a temporary directory that stands for the checkout:
 - absolute ``/tmp/...`` and ``/data/...`` paths move under ``tmp_path``;
   ``EMBEDFRESH_ARTIFACT_ROOT``, ``AIRFLOW_HOME`` and ``ROOT`` point there too;
 - every ``file://`` URL a command prints must lie under ``tmp_path``: nothing is written
-  into the repository.
+  into the repository;
+- ``DATA_SIZES``, the variable the README documents for a smaller data set (empty for
+  the sizes the docs show), holds the tests' sizes (``DATA`` of tests/conftest.py), so a
+  ``generate_data`` command that ends with ``$DATA_SIZES`` writes the data set the other
+  tests use; every ``generate_data`` command that runs writes at most that
+  (``test_documented_data_sets_are_at_most_the_tests_sizes``).
 
 A command that cannot run here is listed in ``NOT_RUN`` (a prefix of the command, with
 its whitespace collapsed, and the reason). Anything not listed runs and must exit 0, so
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -31,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, job_env
+from embedfresh.jobs import generate_data
+from tests.conftest import DATA, ROOT, job_env
 
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
@@ -53,6 +60,10 @@ SHARDED_PARITY = (
     "host_ddp_by_the_parity_gate runs the three steps, side b over two network-namespace hosts"
 )
 
+# generate_data's size options, and DATA_SIZES: those options at the tests' sizes.
+SIZE_OPTIONS = ("train_rows", "eval_rows", "corpus_rows", "corpus_shard_rows", "judged_queries")
+DATA_SIZES = " ".join(f"--{key.replace('_', '-')} {DATA[key]}" for key in SIZE_OPTIONS)
+
 NOT_RUN: dict[str, str] = {
     # README.md, Quickstart
     "make demo": "tests/test_demo.py runs scripts/demo.py (what make demo runs) at small sizes",
@@ -73,7 +84,7 @@ NOT_RUN: dict[str, str] = {
     "python -m embedfresh.jobs.parity --set artifact_root=file:///tmp/parity": SLOW_PARITY,
     "python -m embedfresh.jobs.parity ... ": "a sketch: '...' stands for the command above",
     'SETTINGS="--set artifact_root=file:///tmp/parity --set run_id=sharding': SHARDED_PARITY,
-    "python -m embedfresh.jobs.launch --standalone --nproc-per-node 4 -m embedfresh.jobs.parity": (
+    "python -m embedfresh.jobs.launch --standalone --nproc-per-node 2 -m embedfresh.jobs.parity": (
         SHARDED_PARITY
     ),
     "python -m embedfresh.jobs.launch --nnodes 2 --node-rank $NODE": SHARDED_PARITY,
@@ -111,7 +122,7 @@ def _readme_jobs_done(work: Path) -> None:
     assert registry["production"]["version"] == "r1", registry
     assert registry["production"]["release"] == "r1", registry
     release = json.loads((store / "models" / "tiny" / "releases" / "r1.json").read_text())
-    assert release["corpora"]["products"]["embeddings"]["rows"] == 24000
+    assert release["corpora"]["products"]["embeddings"]["rows"] == DATA["corpus_rows"]
     assert release["corpora"]["products"]["search_check"]["verdict"] == "PASS"
     export = store / "models" / "tiny" / "versions" / "r1" / "sentence-transformers"
     assert (export / "COMMIT").exists() and (export / "modules.json").exists()
@@ -267,6 +278,38 @@ def test_paths_move_under_the_test_directory(tmp_path: Path) -> None:
     )
 
 
+def test_documented_data_sets_are_at_most_the_tests_sizes() -> None:
+    """Every ``generate_data`` command that runs here writes no more than the tests' data
+    set: it ends with ``$DATA_SIZES`` (the README's variable), or its own sizes (and the
+    defaults it leaves) are at most the tests' ones. The README's job sequence takes the
+    variable, and the README says what it is for."""
+    takes_the_variable = set()
+    for block in BLOCKS:
+        for command in block.commands:
+            if command.not_run_reason() or "embedfresh.jobs.generate_data" not in command.text:
+                continue
+            words = shlex.split(command.normalized, comments=True)
+            args = words[words.index("embedfresh.jobs.generate_data") + 1 :]
+            if args[-1:] == ["$DATA_SIZES"]:
+                takes_the_variable.add(block.doc)
+                args = args[:-1] + DATA_SIZES.split()
+            parsed = vars(generate_data._parser().parse_args(args))
+            # (more rows a shard is fewer shards: no more work)
+            larger = {
+                key: parsed[key]
+                for key in SIZE_OPTIONS
+                if key != "corpus_shard_rows" and parsed[key] > DATA[key]
+            }
+            assert not larger, (
+                f"{block.doc}:{command.line}: more than the tests' sizes, {larger}; "
+                "end it with $DATA_SIZES"
+            )
+    assert "README.md" in takes_the_variable
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`DATA_SIZES` is for a smaller data set" in readme
+    assert f'`DATA_SIZES="{DATA_SIZES}"`' in readme
+
+
 def test_every_not_run_entry_matches_a_command() -> None:
     """An entry whose command left the docs goes too (and cannot hide a new command)."""
     commands = [c.normalized for b in BLOCKS for c in b.commands]
@@ -298,6 +341,7 @@ def test_documented_commands_run(block: Block, tmp_path: Path) -> None:
             "ROOT": f"file://{work}/root",
             "EMBEDFRESH_ARTIFACT_ROOT": f"file://{work}/default-artifacts",
             "AIRFLOW_HOME": str(work / "airflow-home"),
+            "DATA_SIZES": DATA_SIZES,
         }
     )
     env.pop("VIRTUAL_ENV", None)
