@@ -52,9 +52,11 @@ def summary_lines() -> list[str]:
             f"{row.get('sigterm_to_exit_s', '-')} s"
         )
     for row in ROWS["fault_points"]:
+        # A sampled matrix (the S3 one) says of how many points, and its seed.
+        sampled = f" killed of {row['of']} (sample seed {row['seed']})" if "seed" in row else ""
         lines.append(
-            f"fault points of {row['job']}: {row['points']}, {row['points'] - row['failed']} "
-            f"recovered by a plain re-run ({row['seconds']} s)"
+            f"fault points of {row['job']}: {row['points']}{sampled}, "
+            f"{row['points'] - row['failed']} recovered by a plain re-run ({row['seconds']} s)"
         )
     return lines
 

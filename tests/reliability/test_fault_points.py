@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -267,6 +271,57 @@ def _restore(store: Path, snapshot: Path) -> None:
     shutil.copytree(snapshot, store)
 
 
+#: Replays a sampled matrix (:class:`Sample`): the seed its run printed. Unset, the seed
+#: is the checkout's commit, so the sample rotates with each commit.
+SAMPLE_SEED = "EMBEDFRESH_FAULT_SAMPLE_SEED"
+#: The seed without the variable and without git (a copy of the tree, not a checkout).
+FALLBACK_SEED = "embedfresh-fault-points"
+
+
+def sample_seed() -> str:
+    """:data:`SAMPLE_SEED` when set, else ``git rev-parse HEAD`` of this checkout, else
+    :data:`FALLBACK_SEED`."""
+    if seed := os.environ.get(SAMPLE_SEED, "").strip():
+        return seed
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return FALLBACK_SEED
+    return head or FALLBACK_SEED
+
+
+def point_op(point: str) -> str:
+    """The operation of a point (``<n> <op> <path>``, a rank's ``rank<R>: ...``)."""
+    return point.rpartition(": ")[2].split(" ", 2)[1]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Which points a matrix kills when it does not kill them all: every point whose
+    operation is in ``always``, and ``k`` of the others drawn with ``seed`` (a job's
+    draw depends on the seed and the job's label only, so the seed replays it)."""
+
+    always: frozenset[str]
+    k: int
+    seed: str
+
+    def choose(self, label: str, points: list[str]) -> list[str]:
+        """The chosen points, in the order the job writes them."""
+        rest = [p for p in points if point_op(p) not in self.always]
+        drawn = set(random.Random(f"{self.seed}/{label}").sample(rest, min(self.k, len(rest))))
+        return [p for p in points if point_op(p) in self.always or p in drawn]
+
+    def describe(self, label: str, chosen: list[str], points: list[str]) -> str:
+        return (
+            f"{label}: {len(chosen)} of {len(points)} points killed (every "
+            f"{'/'.join(sorted(self.always))}, {self.k} of the rest drawn with "
+            f"{SAMPLE_SEED}={self.seed}; set it to replay): " + "; ".join(chosen)
+        )
+
+
 def run_matrix(
     label: str,
     run: Callable[..., Finished],
@@ -276,10 +331,12 @@ def run_matrix(
     state: Callable[[], dict[str, str]],
     leftovers: Callable[[], list[str]],
     logs: Path,
+    sample: Sample | None = None,
 ) -> None:
     """The matrix of one job on one store: a clean run records the points and the state
     to reach; each point is killed, then re-run plainly and compared. ``run(*args,
-    env=...)`` starts the job; ``restore()`` puts the store back to before the job."""
+    env=...)`` starts the job; ``restore()`` puts the store back to before the job.
+    ``sample``: kill only the points it chooses (printed, with its seed), else every one."""
     restore()
     log = logs / "clean.log"
     clean = run(*args, env={WRITES_LOG: str(log)})
@@ -289,9 +346,15 @@ def run_matrix(
     expected = state()
     assert not leftovers(), leftovers()
 
+    chosen, chose = points, f"{label}: every one of its {len(points)} points killed"
+    if sample is not None:
+        chosen = sample.choose(label, points)
+        chose = sample.describe(label, chosen, points)
+    print(chose)
+
     failures = []
     started = time.perf_counter()
-    for point in points:
+    for point in chosen:
         restore()
         killed_log = logs / "killed.log"
         killed_log.unlink(missing_ok=True)
@@ -315,13 +378,16 @@ def run_matrix(
                 f"{point}: store differs from the clean run's in {diff[:6]}; "
                 f"{diff[0]}: {_first_difference(got.get(diff[0]), expected.get(diff[0]))}"
             )
+    seed = {} if sample is None else {"of": len(points), "seed": sample.seed}
     figures.record(
         "fault_points",
         job=label,
-        **{"points": len(points), "failed": len(failures),
-         "seconds": round(time.perf_counter() - started, 1), "names": points},
+        **{"points": len(chosen), "failed": len(failures),
+         "seconds": round(time.perf_counter() - started, 1), "names": chosen, **seed},
     )  # fmt: skip
-    assert not failures, f"{len(failures)} of {len(points)} points:\n" + "\n".join(failures)
+    assert not failures, (
+        f"{len(failures)} of {len(chosen)} points:\n" + "\n".join(failures) + f"\n({chose})"
+    )
 
 
 @pytest.mark.slow
@@ -350,3 +416,29 @@ def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
         leftovers=lambda: leftovers(store),
         logs=tmp_path,
     )
+
+
+def test_a_sample_kills_every_chosen_operation_and_replays_from_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:class:`Sample` (the S3 matrix's): every point of an ``always`` operation, ``k`` of
+    the rest in the job's order; the same seed draws the same points, the variable sets it."""
+    points = [f"{n} {op} p{n}" for n, op in enumerate(["cas", *["write"] * 10, "put"], 1)]
+    points += ["13 db index/t/part", "rank1: 14 remove x"]
+    sample = Sample(always=frozenset({"cas", "put", "remove"}), k=3, seed="abc")
+    chosen = sample.choose("train (s3)", points)
+    assert [p for p in chosen if point_op(p) in sample.always] == [
+        "1 cas p1", "12 put p12", "rank1: 14 remove x",
+    ]  # fmt: skip
+    assert len(chosen) == 6 and chosen == [p for p in points if p in chosen]
+    assert Sample(sample.always, 3, "abc").choose("train (s3)", points) == chosen
+    draws = {
+        tuple(Sample(sample.always, 3, str(s)).choose("train (s3)", points)) for s in range(20)
+    }
+    assert len(draws) > 1, "the seed changes nothing"
+    assert Sample(sample.always, 99, "abc").choose("x", points) == points
+    assert "EMBEDFRESH_FAULT_SAMPLE_SEED=abc" in sample.describe("train (s3)", chosen, points)
+    monkeypatch.setenv(SAMPLE_SEED, "replay-me")
+    assert sample_seed() == "replay-me"
+    monkeypatch.delenv(SAMPLE_SEED)
+    assert sample_seed()  # the commit, or the fallback without git

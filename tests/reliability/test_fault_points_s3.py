@@ -16,6 +16,15 @@ same matrix here:
   registry's compare-and-swap (``If-Match``) and the live view's switch;
 - ``garbage_collect``: table drops and recursive removes (batches of DELETEs).
 
+Not every point of these jobs is killed here: a ``write`` is one PUT on S3 and one staged
+rename on disk, and killed right after it both leave the whole object, a state the
+exhaustive file matrix already covers. A job's points of the :data:`S3_OPS`, the
+operations whose S3 path is its own, are always killed; of the rest,
+:data:`SAMPLE_PER_JOB`, drawn with a seed that is the commit's (``git rev-parse HEAD``)
+unless ``EMBEDFRESH_FAULT_SAMPLE_SEED`` gives one (:data:`SAMPLE`). The seed and the points are printed,
+in the figures at the session's end and in a failure's message: the variable set to it
+replays the same points.
+
 ``evaluate``, ``gate``, ``embed_verify`` and ``rollback`` run once, cleanly, in the chain
 (their points are the file matrix's). Everything else is the file
 matrix's: its chain entries, its JSON normalisation (:func:`_stable`,
@@ -41,10 +50,12 @@ from tests.reliability.forked import ForkServer
 from tests.reliability.index_state import IndexSnapshots
 from tests.reliability.test_fault_points import (
     CHAIN,
+    Sample,
     first_release,
     is_leftover,
     normalised,
     run_matrix,
+    sample_seed,
 )
 
 BUCKET = "fault-points"
@@ -55,6 +66,17 @@ SNAPSHOTS = "snapshots"
 S3_CHAIN = [entry for entry in CHAIN if entry[0] not in {"export_st", "compile"}]
 S3_JOBS = ["train", "embed", "index_load", "search_check", "release", "garbage_collect"]
 ROOT_URL = f"s3://{BUCKET}/{PREFIX}"
+#: The operations whose S3 path is not the disk's, killed at every point
+#: (:mod:`embedfresh.core.storage.faults` names them): ``cas``, a conditional PUT
+#: (``If-None-Match: *`` / ``If-Match``: the lease, the release document, the registry,
+#: the run index) where the disk locks and renames; ``put``, an upload through s3fs's
+#: ``put_file`` (multipart above 100 MiB; the test model's files are smaller); ``remove``,
+#: a HEAD or a listing, then DELETEs in batch requests (a "folder" is gone with its last
+#: object). ``write`` (one PUT, whole, like the disk's rename) and ``db`` (the
+#: same PostgreSQL) are sampled.
+S3_OPS = frozenset({"cas", "put", "remove"})
+#: How many of a job's other points are killed, drawn anew for each commit.
+SAMPLE_PER_JOB = 3
 
 
 def keys(s3, prefix: str) -> list[str]:
@@ -163,9 +185,13 @@ def s3_chain(
     return env, before
 
 
+#: The points each job kills (:class:`Sample`), the seed read once for the whole file.
+SAMPLE = Sample(always=S3_OPS, k=SAMPLE_PER_JOB, seed=sample_seed())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("job", S3_JOBS)
-def test_every_write_on_s3_killed_then_a_plain_rerun_finishes_the_same(
+def test_writes_on_s3_killed_then_a_plain_rerun_finishes_the_same(
     job: str,
     s3,
     s3_chain: tuple[dict[str, str], dict[str, str]],
@@ -189,4 +215,5 @@ def test_every_write_on_s3_killed_then_a_plain_rerun_finishes_the_same(
         state=lambda: {**s3_state(s3), **s3_index.state()},
         leftovers=lambda: s3_leftovers(s3),
         logs=tmp_path,
+        sample=SAMPLE,
     )
