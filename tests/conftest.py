@@ -316,3 +316,73 @@ def pytest_terminal_summary(terminalreporter) -> None:
         for line in lines:
             terminalreporter.write_line(line)
     figures.write_json()
+
+
+# -- the golden run (tests/golden.py): the local refresh, once per session (per xdist
+# worker), read by tests/test_dags.py (the refresh's case) and tests/test_refresh_on_batch.py
+# (the Batch refreshes compare their XComs with it) instead of running it again.
+
+
+@pytest.fixture(scope="session")
+def golden_session(
+    pg_server: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+):
+    """The session's golden run itself; tests use :func:`golden_refresh`."""
+    from tests.golden import build
+
+    return build(tmp_path_factory.mktemp("golden"), pg_server, request)
+
+
+@pytest.fixture
+def golden_refresh(golden_session):
+    """The session's refresh (``tests.golden.Golden``: the run, its index database), for
+    a test that reads it: the facts are the test's own copy; the store and the index
+    database are shared, and the test fails if it changed them."""
+    from tests.golden import assert_unchanged
+
+    yield golden_session.copy()
+    assert_unchanged(golden_session)
+
+
+# -- multi-rank runs shared by the tests that compare against them (tests/sharded.py):
+# one per session (per xdist worker), read only. Used by tests/test_train_ddp.py,
+# tests/test_train_fsdp.py and tests/test_multinode_netns.py.
+
+
+@pytest.fixture(scope="session")
+def ddp_reference_session(data_template: Path, tmp_path_factory: pytest.TempPathFactory):
+    """tests/sharded.py's DDP_REFERENCE, trained once: a ``tests.sharded.Run``."""
+    from tests import sharded
+
+    return sharded.ddp_reference(data_template, tmp_path_factory.mktemp("ddp-reference"))
+
+
+@pytest.fixture
+def ddp_reference(ddp_reference_session):
+    """The shared DDP reference run, for a test that reads it; the test fails if it
+    changed the run's store."""
+    before = ddp_reference_session.snapshot()
+    yield ddp_reference_session
+    assert ddp_reference_session.snapshot() == before, "a test wrote into the shared run"
+
+
+# -- the compile cache the compile tests share (tests/compile_cache.py): one per session
+# (per xdist worker), read only. Used by tests/test_compile_job.py and
+# tests/test_compile_ddp.py.
+
+
+@pytest.fixture(scope="session")
+def cpu_compile_cache_session(data_template: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A one-process cpu compile's cache entry, built once: a ``CompileCache``."""
+    from tests import compile_cache
+
+    return compile_cache.cpu_compile_cache(data_template, tmp_path_factory.mktemp("compile"))
+
+
+@pytest.fixture
+def cpu_compile_cache(cpu_compile_cache_session):
+    """The shared compile cache, for a test that reads it (one that writes entries works
+    on ``.copy(dest)``); the test fails if it changed the cache."""
+    before = cpu_compile_cache_session.snapshot()
+    yield cpu_compile_cache_session
+    assert cpu_compile_cache_session.snapshot() == before, "a test wrote into the shared cache"

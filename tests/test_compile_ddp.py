@@ -1,18 +1,21 @@
 """The compile job under the launch train runs under: ``torchrun --nproc-per-node 2``.
 
 cpu/inductor: a 2-process compile trains its trial data parallel and rank 0 alone
-stores the entry under a key of world size 2; a 2-process DDP train with ``compile=on``
-then restores it (both ranks into one inductor directory) and compiles nothing new,
-while a 1-process train looks for another key. neuron: rank 0 alone runs
-``neuron_parallel_compile`` around the trial's own 2-process launch, with torchrun's
-variables of the compile job's launch left out.
+stores the entry under a key of world size 2, next to the 1-process entry of the
+compile tests' shared cache (tests/compile_cache.py, copied into its store); a 2-process
+DDP train with ``compile=on`` then restores it (both ranks into one inductor directory)
+and compiles nothing new, while a 1-process train looks for the 1-process key and finds
+that entry. neuron: rank 0 alone runs ``neuron_parallel_compile`` around the trial's own
+2-process launch, with torchrun's variables of the compile job's launch left out.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from embedfresh.core import layout, markers
 from embedfresh.core.config import TrainConfig
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.compile.launch import Launch, child_env
+from tests.compile_cache import CompileCache
 from tests.conftest import DAY2, ROOT, job_env
 from tests.test_compile_job import _stand_in
 
@@ -43,38 +47,84 @@ def _report(root: str, run_id: str, kind: str) -> dict:
     return ArtifactStore(root).read_json(layout.report("tiny", run_id, kind))
 
 
-def test_two_process_compile_then_ddp_train_hits(
-    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# Inductor's vector-ISA check skipped on both sides (the operator's choice, which the
+# job honours): ~30 s of test builds on this box, covered by test_compile_job.py.
+ISA = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
+
+@dataclass(frozen=True)
+class TwoProcessCompile:
+    """The 2-process compile (run c2) in ``root``, its entry in the root's own compile
+    cache, where a copy of the compile tests' shared cache put the 1-process entry
+    (``one``) before."""
+
+    root: str
+    one: subprocess.CompletedProcess
+    one_key: str | None
+    compiled: subprocess.CompletedProcess
+
+    def ok(self) -> dict:
+        """The compile's report, once both compiles are known to have run."""
+        assert self.one.returncode == 0, self.one.stderr[-3000:]
+        assert self.compiled.returncode == 0, self.compiled.stderr[-3000:]
+        return _report(self.root, "c2", "compile")
+
+
+@pytest.fixture(scope="module")
+def two_process_compile(
+    cpu_compile_cache_session: CompileCache,
+    data_template: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> TwoProcessCompile:
+    """Compiled once for the three tests below, which read it."""
+    store = tmp_path_factory.mktemp("two-process-compile") / "artifacts"
+    shutil.copytree(data_template, store)
+    shared = cpu_compile_cache_session
+    one_key = None
+    if shared.compiled.returncode == 0:
+        shared.copy_into(store)
+        one_key = shared.report()["key"]
+    root = f"file://{store}"
+    compiled = launched("compile", f"artifact_root={root}", "run_id=c2", "compile=on", env=ISA)
+    return TwoProcessCompile(root, shared.compiled, one_key, compiled)
+
+
+def test_two_process_compile_stores_one_entry_under_a_key_of_world_size_2(
+    two_process_compile: TwoProcessCompile,
 ) -> None:
-    # Inductor's vector-ISA check skipped on both sides (the operator's choice, which the
-    # job honours): ~30 s of test builds on this box, covered by test_compile_job.py.
-    isa = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
-    compiled = launched("compile", f"artifact_root={root}", "run_id=c2", "compile=on", env=isa)
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
-    report = _report(root, "c2", "compile")
+    report = two_process_compile.ok()
+    # The 1-process entry is there already: another key, so this launch compiles.
     assert report["mode"] == "torch.compile" and report["cache_hit"] is False
     assert report["world_size"] == 2 and report["key_parts"]["world_size"] == 2
     assert report["key_parts"]["parallelism"] == "ddp"
     assert report["graphs"] >= 1 and report["compiles_after_warmup"] == 0
-    store = ArtifactStore(root)
+    store = ArtifactStore(two_process_compile.root)
     entry = layout.compile_cache("cpu", report["key"])
     assert markers.verify(store, entry).ok
     # Rank 0 alone wrote: the entry, the report and the result record, once.
     assert "compiled:" in report["message"]
     record = store.read_json(layout.result("tiny", "c2", "compile"))
     assert record["summary"]["key"] == report["key"] and record["summary"]["cache_hit"] is False
-    assert store.listdir(layout.compile_cache_backend("cpu")) == [report["key"]]
+    assert sorted(store.listdir(layout.compile_cache_backend("cpu"))) == sorted(
+        [two_process_compile.one_key, report["key"]]
+    )
     assert not store.exists("runs/tiny/c2-compile-trial")
 
+
+def test_a_two_process_ddp_train_restores_the_entry_and_compiles_nothing(
+    two_process_compile: TwoProcessCompile, root: str, tmp_path: Path
+) -> None:
+    report = two_process_compile.ok()
     fresh = tmp_path / "fresh-inductor"  # both ranks restore into this one directory
     trained = launched(
         "train",
         f"artifact_root={root}",
-        "run_id=t2",
+        f"compile_cache_root={two_process_compile.root}",  # the entry in another store
         "compile=on",
+        "run_id=t2",
         f"data_interval_start={DAY2}",
         "max_steps=4",
-        env={**isa, "TORCHINDUCTOR_CACHE_DIR": str(fresh)},
+        env={**ISA, "TORCHINDUCTOR_CACHE_DIR": str(fresh)},
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     train = _report(root, "t2", "train")
@@ -86,16 +136,35 @@ def test_two_process_compile_then_ddp_train_hits(
     assert found["autograd_cache_hits"] >= 1, found
     assert found["autograd_cache_misses"] == found["autograd_cache_guard_misses"] == 0, found
 
-    # A one-process train keys world size 1: the train job's own lookup misses the entry.
+
+def test_a_one_process_train_looks_up_the_one_process_entry(
+    two_process_compile: TwoProcessCompile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-process train keys world size 1: the train job's own lookup misses the
+    2-process entry and finds the 1-process compile's. (The lookup only: a hit's restore
+    would load the entry into this test process; the train runs restore in theirs.)"""
+    from embedfresh.ml.compile import torch_cache
     from embedfresh.ml.training import prepare_compile
 
+    report = two_process_compile.ok()
+    entries = ArtifactStore(two_process_compile.root)  # the train's own store holds both
+    looked_up = []
+
+    def lookup(store: ArtifactStore, backend: str, key: str) -> dict:
+        looked_up.append((store.root, backend, key))
+        return {"key": key, "hit": markers.verify(store, layout.compile_cache(backend, key)).ok}
+
+    monkeypatch.setattr(torch_cache, "restore", lookup)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     single = TrainConfig.model_validate(
-        {"artifact_root": root, "run_id": "t1", "compile": "on", "data_interval_start": DAY2}
-    )
+        {"artifact_root": entries.root, "run_id": "t1", "compile": "on",
+         "data_interval_start": DAY2}
+    )  # fmt: skip
     info = prepare_compile(single, "cpu")
     assert info["mode"] == "torch.compile"
-    assert info["cache"]["hit"] is False and info["cache"]["key"] != report["key"]
+    one_key = two_process_compile.one_key
+    assert looked_up == [(entries.root, "cpu", one_key)] and one_key != report["key"]
+    assert info["cache"] == {"key": one_key, "hit": True}
 
 
 def test_neuron_compile_wraps_the_trials_torchrun_launch(root: str, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from embedfresh.core.config import DEFAULT_NEURON_CC_FLAGS, CompileConfig, Train
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.compile import neuron_env, torch_cache
 from embedfresh.ml.compile.neuron import parse_summary
+from tests.compile_cache import CompileCache
 from tests.conftest import DAY2, run_job
 
 XLA_ENV = {"PJRT_DEVICE": "CPU"}
@@ -32,24 +33,24 @@ def _report(root: str, run_id: str, kind: str = "compile", model: str = "tiny") 
     return ArtifactStore(root).read_json(layout.report(model, run_id, kind))
 
 
-def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None:
-    compiled = run_job(
-        "compile",
-        f"artifact_root={root}",
-        "run_id=c1",
-        "compile=on",
-        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "unused")},
-    )
+def test_cpu_compile_stores_restores_and_hits(
+    root: str, tmp_path: Path, cpu_compile_cache: CompileCache
+) -> None:
+    # The compile: the compile tests' shared one (tests/compile_cache.py), one process,
+    # its entry in a compile_cache_root of its own; this test restores it and hits it.
+    compiled = cpu_compile_cache.compiled
     assert compiled.returncode == 0, compiled.stderr[-3000:]
-    report = _report(root, "c1")
+    report = cpu_compile_cache.report()
     assert report["mode"] == "torch.compile" and report["cache_hit"] is False
     assert report["graphs"] >= 1 and report["compiles_after_warmup"] == 0
     cold = report["cold_seconds_to_first_step"]
     assert cold > 0 and report["warm_seconds_to_first_step"] is None
     entry = layout.compile_cache("cpu", report["key"])
-    store = ArtifactStore(root)
-    assert markers.verify(store, entry).ok
-    marker = markers.read_marker(store, entry)
+    cache_root = cpu_compile_cache.cache
+    cache = ArtifactStore(cache_root)
+    assert markers.verify(cache, entry).ok
+    assert report["cache_url"] == cache.url(entry)
+    marker = markers.read_marker(cache, entry)
     # On x86 (this suite's hosts and CI's), unless the operator decides it
     # (TORCHINDUCTOR_VEC_ISA_OK): inductor's check of the CPU's vector ISAs ran before the
     # trial, all passed (g++ builds AVX2/AVX-512 test kernels), and the trial compiled as
@@ -66,14 +67,21 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
         assert built >= set(vec_isa["valid"]) and all(vec_isa["builds"].values()), vec_isa
     assert report["size_bytes"] == sum(f["size"] for f in marker["files"].values()) > 0
     assert report["created_at"].endswith("Z")
-    # the trial trained in a throwaway store: nothing of it in the real one
+    # the trial trained in a throwaway store: nothing of it in the real one, nor in the
+    # cache's, which holds the entry alone
+    store = ArtifactStore(cpu_compile_cache.root)
     assert not store.exists("runs/tiny/c1-compile-trial")
     assert not store.exists("models/tiny/versions/c1-compile-trial")
+    assert not store.exists("compile-cache")
+    in_cache = cpu_compile_cache.cache_path
+    files = {p.relative_to(in_cache).parts[0] for p in in_cache.rglob("*") if p.is_file()}
+    assert files == {"compile-cache"}, files
 
     fresh = tmp_path / "fresh-inductor"
     trained = run_job(
         "train",
         f"artifact_root={root}",
+        f"compile_cache_root={cache_root}",
         "run_id=t1",
         "compile=on",
         f"data_interval_start={DAY2}",
@@ -100,7 +108,10 @@ def test_cpu_compile_stores_restores_and_hits(root: str, tmp_path: Path) -> None
     assert found["autograd_cache_misses"] == found["autograd_cache_guard_misses"] == 0, found
     # (How much sooner a warm start steps is a benchmark's figure, bench/compile.py.)
 
-    again = run_job("compile", f"artifact_root={root}", "run_id=c2", "compile=on")
+    again = run_job(
+        "compile", f"artifact_root={root}", f"compile_cache_root={cache_root}", "run_id=c2",
+        "compile=on",
+    )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     hit = _report(root, "c2")
     assert hit["cache_hit"] is True and hit["key"] == report["key"]

@@ -7,6 +7,8 @@ Each DAG runs in a fresh interpreter against a throw-away AIRFLOW_HOME
 (tests/airflow_home.py), must succeed, then meets its own checks: :data:`CASES`, keyed by
 dag id, says what data a DAG starts from, how it is triggered and what a run must have
 done. A DAG without an entry fails, so nobody adds a DAG without saying what it must do.
+The refresh's run is the session's golden run (tests/golden.py): this same run, made once
+and shared with the tests that compare against it (tests/test_refresh_on_batch.py).
 
 Doc examples run as written. One that names an ``s3://bucket/prefix`` root (the README's
 ``s3://my-bucket/embedfresh``) gets that bucket on a real S3 endpoint (moto's server on
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from embedfresh.core.settings import INDEX_DSN_ENV
 from tests.airflow_home import (
     DAG_TEST_HELPERS,
     airflow_home,
@@ -719,13 +722,33 @@ CASES: dict[str, DagCase] = {
 
 # -- the tests ---------------------------------------------------------------------------
 
+#: The source whose run is the session's golden run (tests/golden.py).
+GOLDEN_LABEL = "dags/embedding_model_refresh.py"
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest):
+    """The session's golden run (fixture ``golden_refresh``) for the refresh's source,
+    made in the test's setup where it is the first to ask; None for any other source."""
+    source = getattr(request.node, "callspec", None) and request.node.callspec.params["source"]
+    if source and source.label == GOLDEN_LABEL:
+        return request.getfixturevalue("golden_refresh")
+    return None
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=[s.label for s in SOURCES])
 def test_dag_runs_to_success_and_does_its_job(
-    source: DagSource, tmp_path: Path, request: pytest.FixtureRequest
+    source: DagSource, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch, golden
 ):
-    run = run_dag(source, tmp_path, request)
+    if golden is not None:
+        # The refresh is the session's golden run (tests/golden.py: this same run_dag of
+        # this case, its index a database of the session's PostgreSQL), shared with the
+        # tests that compare against it; the check reads that index.
+        monkeypatch.setenv(INDEX_DSN_ENV, golden.dsn)
+        run = golden.run
+    else:
+        run = run_dag(source, tmp_path, request)
     assert run.facts["state"] == "success", run.output
     CASES[source.dag_id].check(run)
 

@@ -31,6 +31,7 @@ from embedfresh.operators.job_spec import JobSpec, encode_setting
 from embedfresh.operators.runners.aws_batch import AwsBatchRunner, BatchSettings
 from tests import netns
 from tests.conftest import ROOT, job_env, run_job
+from tests.sharded import DDP_REFERENCE, Run, as_settings
 from tests.test_train_ddp import free_port, weights
 
 BASE = {"data_interval_start": "2026-01-01", "init": "base", "log_every": 1}
@@ -144,21 +145,23 @@ def train_report(root: str, run_id: str) -> dict:
     return json.loads(store_path(root, "runs/tiny", run_id, "reports/train.json").read_text())
 
 
-def test_two_hosts_train_bit_exact_against_one_host(hosts, root: str, tmp_path: Path) -> None:
-    settings = {"artifact_root": root, **BASE, **SAME_MATH, "max_steps": 6, "checkpoint_every": 3}
+def test_two_hosts_train_bit_exact_against_one_host(
+    hosts, root: str, tmp_path: Path, ddp_reference: Run
+) -> None:
+    # One host: the suite's shared 2-rank run (tests/sharded.py), the same settings.
+    settings = {"artifact_root": root, **as_settings(DDP_REFERENCE)}
     started = time.monotonic()
     nodes = run_two_nodes(hosts, "train", {**settings, "run_id": "hosts"}, tmp_path)
     two_host_s = time.monotonic() - started
     for node in nodes:
         assert node.proc.returncode == 0, node.stderr()[-3000:]
-    single = one_host(root, "train", {**settings, "run_id": "one"})
-    assert single.returncode == 0, single.stderr[-3000:]
 
-    across, one = train_report(root, "hosts"), train_report(root, "one")
+    across, one = train_report(root, "hosts"), ddp_reference.report()
     assert across["world_size"] == 2 and (across["nodes"], across["devices_per_node"]) == (2, 1)
     assert (one["nodes"], one["devices_per_node"]) == (1, 2)
     assert across["steps"] == one["steps"] == 6
-    assert weights_sha256(root, "hosts") == weights_sha256(root, "one")
+    reference = hashlib.sha256(ddp_reference.weights_path().read_bytes()).hexdigest()
+    assert weights_sha256(root, "hosts") == reference
     print(f"two-host train: {two_host_s:.1f} s")
 
 
@@ -167,8 +170,10 @@ def test_hsdp_across_two_hosts_of_two_processes_is_single_host_ddp_by_the_parity
 ) -> None:
     """parallelism=hsdp over 2 hosts x 2 processes (a 2 x 2 mesh: each host's pair shards
     the model, the hosts replicate it and all-reduce across the veth) against ddp on one
-    host with 4 processes, from one start version with the same global batch: the
-    parity job, config against config, gates the two curves at every evaluation point."""
+    host, from one start version with the same global batch (32: 4 ranks x 8 there, 2
+    ranks x 16 here, for the suite makes one 4-process launch on one host, the 4 -> 2
+    reshard's in tests/test_train_fsdp.py): the parity job, config against config, gates
+    the two curves at every evaluation point."""
     start = run_job("train", f"artifact_root={root}", "run_id=v0", *BASE_SETS, "max_steps=2")
     assert start.returncode == 0, start.stderr[-3000:]
     settings = {
@@ -178,7 +183,7 @@ def test_hsdp_across_two_hosts_of_two_processes_is_single_host_ddp_by_the_parity
         "data_interval_start": "2026-01-01",
         "backend_a": "cpu",
         "backend_b": "cpu",
-        "config_a": {"parallelism": "ddp"},
+        "config_a": {"parallelism": "ddp", "batch_size": 16},
         "config_b": {"parallelism": "hsdp"},
         **SAME_MATH,
         "batch_size": 8,
@@ -186,7 +191,7 @@ def test_hsdp_across_two_hosts_of_two_processes_is_single_host_ddp_by_the_parity
         "eval_every": 3,
         "log_every": 1,
     }
-    a = one_host(root, "parity", {**settings, "step": "a"}, nproc=4)
+    a = one_host(root, "parity", {**settings, "step": "a"}, nproc=2)
     assert a.returncode == 0, a.stderr[-3000:]
     nodes = run_two_nodes(hosts, "parity", {**settings, "step": "b"}, tmp_path, nproc_per_node=2)
     for node in nodes:
@@ -194,7 +199,10 @@ def test_hsdp_across_two_hosts_of_two_processes_is_single_host_ddp_by_the_parity
     across = train_report(root, "sharding-cpu-b")
     assert across["parallelism"]["mesh"] == {"replicate": 2, "shard": 2}
     assert (across["world_size"], across["nodes"]) == (4, 2)
-    assert train_report(root, "sharding-cpu-a")["parallelism"] == {"parallelism": "ddp"}
+    one_host_ddp = train_report(root, "sharding-cpu-a")
+    assert one_host_ddp["parallelism"] == {"parallelism": "ddp"}
+    assert (one_host_ddp["world_size"], one_host_ddp["nodes"]) == (2, 1)
+    assert 2 * one_host_ddp["batch_size"] == across["world_size"] * across["batch_size"] == 32
 
     compared = run_job(
         "parity", *(f"{k}={encode_setting(v)}" for k, v in settings.items()), "step=compare"

@@ -5,11 +5,12 @@ run does.
 ``dag.test()`` of ``dags/embedding_model_refresh.py`` in a fresh interpreter reaches
 moto's Batch over HTTP (``AWS_ENDPOINT_URL``); tests/batch_harness.py's executor runs
 each submitted job as the container's command, a local process, with Batch's states,
-attempts and CloudWatch log streams. The same refresh runs three times on the same
-generated data: on the local runner, on Batch with the embed mapped over shard groups,
-and on Batch with the embed as one array job per corpus. Their XComs must be equal
-except what cannot be: timing, the run id (in versions and URLs), cache hits, and where
-each ran.
+attempts and CloudWatch log streams. The same refresh runs on the same generated data
+on Batch twice, with the embed mapped over shard groups and with the embed as one array
+job per corpus, and is compared with the local run: the session's golden run
+(tests/golden.py, the refresh tests/test_dags.py checks; made once, read here). Their
+XComs must be equal except what cannot be: timing, the run id (in versions and URLs),
+cache hits, where each ran, its artifact root and its database.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ import pytest
 
 from embedfresh.core.settings import INDEX_DSN_ENV
 from tests.batch_harness import QUEUE, SINGLE, moto_batch_server, run_batch_executor
-from tests.conftest import database_url
-from tests.test_dags import SOURCES, run_dag
-
-REFRESH = next(s for s in SOURCES if s.label == "dags/embedding_model_refresh.py")
+from tests.golden import REFRESH, fresh_database
+from tests.test_dags import run_dag
 
 #: The jobs of the refresh's steps (as Batch job names start): each must have been submitted.
 JOBS = (
@@ -88,32 +87,30 @@ def xcoms(run, database: str) -> dict[str, Any]:
     return json.loads(text.replace(run.root, "<root>").replace(database, "<database>"))
 
 
-def fresh_database(pg_server: str, name: str) -> str:
-    """A new, empty database on the session's index server: its URL."""
-    import psycopg
-
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {name}")
-    return database_url(pg_server, name)
-
-
 @pytest.mark.slow
 def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
-    tmp_path: Path, request: pytest.FixtureRequest, executor, pg_server: str, monkeypatch
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    golden_refresh,
+    executor,
+    pg_server: str,
+    monkeypatch,
 ):
     # Each run its own database of one PostgreSQL with pgvector, as production has it:
-    # the worker's EMBEDFRESH_INDEX_DSN for the local run, the job definition's secret
-    # (the "image's" environment here) for the Batch runs.
+    # the worker's EMBEDFRESH_INDEX_DSN for the local run (the golden run's, made by
+    # tests/golden.py), the job definition's secret (the "image's" environment here) for
+    # the Batch runs.
     key = uuid.uuid4().hex[:8]
-    (tmp_path / "local").mkdir()
-    monkeypatch.setenv(INDEX_DSN_ENV, fresh_database(pg_server, f"local_{key}"))
-    local = run_dag(REFRESH, tmp_path / "local", request)
+    local = golden_refresh.run
     assert local.facts["state"] == "success", local.output
-    assert executor.submits == []
-    expected = xcoms(local, f"local_{key}")
+    # Every job step of the local run ran on the local runner, none on Batch: each step's
+    # cost record (reports/cost/) says where it ran.
+    costs = [json.loads(p.read_text()) for p in sorted((local.reports / "cost").rglob("*.json"))]
+    assert sorted({c["job"] for c in costs}) == sorted(JOBS), costs
+    assert {c["runner"] for c in costs} == {"local"}, costs
+    expected = xcoms(local, golden_refresh.database)
 
-    monkeypatch.delenv(INDEX_DSN_ENV)
+    monkeypatch.delenv(INDEX_DSN_ENV, raising=False)
     monkeypatch.setenv("EMBEDFRESH_EXECUTION_MODE", "aws_batch")
     monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_QUEUE", QUEUE)
     monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_DEFINITION", SINGLE)

@@ -1,6 +1,8 @@
 """Data parallel training on cpu under ``torchrun --nproc-per-node 2`` (gloo): each rank
 trains on its shard of the epoch order, DDP averages the gradients, rank 0 alone writes
-checkpoints, the version and the report, and a killed run resumes bit-exactly."""
+checkpoints, the version and the report, and a killed run resumes bit-exactly. The 2-rank
+run one process is compared with is the suite's shared one (tests/sharded.py, under the
+project's launcher); the killed run is started by ``torch.distributed.run`` itself."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import psutil
 import torch
 from safetensors.torch import load_file
 
+from tests import sharded
 from tests.conftest import ROOT, job_env, run_job
 
 BASE = ("data_interval_start=2026-01-01", "init=base", "log_every=1")
@@ -45,29 +48,23 @@ def report(root: str, run_id: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_two_ranks_match_one_process_with_the_global_batch(root: str) -> None:
+def test_two_ranks_match_one_process_with_the_global_batch(root: str, ddp_reference) -> None:
     # No dropout and no in-batch contrastive term: then the mean of the two ranks'
-    # gradients is the gradient of one process over both shards together.
-    same_math = ("contrastive_weight=0", "dropout=0", "max_steps=6", "checkpoint_every=3")
-    done = subprocess.run(
-        torchrun(root, "ddp", "batch_size=16", *same_math),
-        cwd=ROOT,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # gradients is the gradient of one process over both shards together. The 2-rank run
+    # is the suite's shared one (tests/sharded.py, DDP_REFERENCE: batch 16 a rank).
+    ranks = sharded.DDP_REFERENCE_RANKS
+    assert ranks == 2 and "batch_size=16" in sharded.DDP_REFERENCE
+    one_process = [s for s in sharded.DDP_REFERENCE if not s.startswith("batch_size=")]
     single = run_job(
-        "train", f"artifact_root={root}", "run_id=single", *BASE, "batch_size=32", *same_math
+        "train", f"artifact_root={root}", "run_id=single", *one_process, "batch_size=32"
     )
     assert single.returncode == 0, single.stderr[-3000:]
 
-    ddp, one = report(root, "ddp"), report(root, "single")
+    ddp, one = ddp_reference.report(), report(root, "single")
     assert ddp["world_size"] == 2 and (ddp["nodes"], ddp["devices_per_node"]) == (1, 2)
     assert ddp["compute_hours"] > 0 and ddp["estimated_cost_usd"] > 0
     assert ddp["steps"] == one["steps"] == 6
-    a, b = weights(root, "ddp"), weights(root, "single")
+    a, b = ddp_reference.weights(), weights(root, "single")
     assert a.keys() == b.keys()
     start = weights_at_init(root)
     moved = max(float((b[k] - start[k]).abs().max()) for k in b)
@@ -75,8 +72,7 @@ def test_two_ranks_match_one_process_with_the_global_batch(root: str) -> None:
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     # rank 0 alone wrote: one report, one version, the checkpoint listed once
-    checkpoints = Path(root.removeprefix("file://")) / "runs/tiny/ddp/checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003"]
+    assert ddp_reference.checkpoints() == ["step-00000003"]
 
 
 def weights_at_init(root: str) -> dict[str, torch.Tensor]:

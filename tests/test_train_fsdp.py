@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from embedfresh.ml.parallel.store_dcp import METADATA, rank_file
 from tests.conftest import ROOT, job_env, run_job
+from tests.sharded import DDP_REFERENCE, DDP_REFERENCE_RANKS, Run
 from tests.test_train_ddp import free_port, kill_tree, report, weights
 
 # init=auto: base weights in these fresh stores (no production version yet)
@@ -86,22 +87,24 @@ def checkpoint_dir(root: str, run_id: str, step: int) -> Path:
     return Path(root.removeprefix("file://"), "runs/tiny", run_id, f"checkpoints/step-{step:08d}")
 
 
-def test_fsdp_trains_what_ddp_trains_holding_half_of_it_per_rank(root: str) -> None:
-    sets = ("batch_size=16", "max_steps=6", "checkpoint_every=3", *SAME_MATH)
-    ddp = train(root, "ddp", 2, *sets)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    # Activation checkpointing on as well: it recomputes, it changes no number.
-    fsdp = train(root, "fsdp", 2, *sets, "parallelism=fsdp", "activation_checkpointing=true")
+def test_fsdp_trains_what_ddp_trains_holding_half_of_it_per_rank(
+    root: str, ddp_reference: Run
+) -> None:
+    # DDP on 2 ranks is the suite's shared reference run (tests/sharded.py): the same
+    # settings here, FSDP2, and activation checkpointing on as well (it recomputes, it
+    # changes no number).
+    sets = (*DDP_REFERENCE, "parallelism=fsdp", "activation_checkpointing=true")
+    fsdp = train(root, "fsdp", DDP_REFERENCE_RANKS, *sets)
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
     assert "2 blocks and the root sharded over a mesh 2 (shard)" in fsdp.stderr
     assert "activation checkpointing: 2 blocks" in fsdp.stderr
 
-    a, b = weights(root, "fsdp"), weights(root, "ddp")
+    a, b = weights(root, "fsdp"), ddp_reference.weights()
     assert a.keys() == b.keys()  # the version is the whole model, under its own names
     for k in b:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
-    sharded, whole = report(root, "fsdp"), report(root, "ddp")
+    sharded, whole = report(root, "fsdp"), ddp_reference.report()
     assert sharded["parallelism"] == {
         "parallelism": "fsdp", "mesh": {"shard": 2}, "param_dtype": "fp32", "reduce_dtype": "fp32",
     }  # fmt: skip
@@ -162,6 +165,8 @@ def test_fsdp_killed_at_two_steps_then_preempted_resumes_bit_exactly(root: str) 
 
 def test_a_checkpoint_of_4_ranks_resumes_on_2_and_the_loss_goes_on(root: str) -> None:
     sets = ("max_steps=8", "checkpoint_every=4", "parallelism=fsdp", *SAME_MATH)
+    # The suite's one launch of 4 processes on one host (4 workers on a 2-core box): keep
+    # it the only one (tests/sharded.py).
     whole = train(root, "whole4", 4, "batch_size=8", *sets)
     assert whole.returncode == 0, whole.stderr[-3000:]
     # What a 4-rank run killed after its checkpoint left: that very checkpoint, under

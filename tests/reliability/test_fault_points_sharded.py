@@ -13,24 +13,26 @@ clean run's store: the same files, byte-identical (JSON without clocks). The tra
 job's other points (lease, probe, report, version) are the file matrix's.
 
 The same job on S3 (moto's server) is killed once, at rank 1's shard, and re-run:
-the shards, their metadata and the marker go through the store's S3 scheme too.
+the shards, their metadata and the marker go through the store's S3 scheme too, and it
+ends with the clean run's weights (the ``file://`` one: one clean run for the module).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
 import pytest
 import torch
-from safetensors.torch import load
+from safetensors.torch import load, load_file
 
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
 from tests.conftest import _s3_env, write_data
 from tests.reliability import figures
-from tests.reliability.forked import ForkServer
+from tests.reliability.forked import Finished, ForkServer
 from tests.reliability.test_fault_points import leftovers, state
 from tests.test_train_ddp import free_port
 
@@ -58,24 +60,57 @@ def run_ranks(forks: ForkServer, root: str, env: dict[str, str]) -> list:
     )
 
 
-def test_every_write_of_a_sharded_checkpoint_killed_then_a_plain_rerun_finishes_the_same(
-    data_template: Path, forks: ForkServer, tmp_path: Path
-) -> None:
-    store, before = tmp_path / "store", tmp_path / "before"
+@dataclass(frozen=True)
+class Clean:
+    """The module's clean run (a plain run with the writes log), in ``store``; ``before``:
+    the store before it. What a test needs of the run is read when it ends, so a test
+    may then reuse ``store``."""
+
+    before: Path
+    store: Path
+    ranks: list[Finished]
+    points: list[str]
+    state: dict[str, str]
+    leftovers: list[str]
+    weights: dict[str, torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def clean(
+    data_template: Path, forks: ForkServer, tmp_path_factory: pytest.TempPathFactory
+) -> Clean:
+    where = tmp_path_factory.mktemp("sharded-clean")
+    store, before, log = where / "store", where / "before", where / "clean.log"
     shutil.copytree(data_template, before)
+    shutil.copytree(before, store)
+    ranks = run_ranks(forks, f"file://{store}", {WRITES_LOG: str(log)})
+    version = store / "models/tiny/versions/sharded/model.safetensors"
+    return Clean(
+        before,
+        store,
+        ranks,
+        log.read_text().splitlines() if log.exists() else [],
+        state(store),
+        leftovers(store),
+        load_file(version) if version.exists() else {},
+    )
+
+
+def test_every_write_of_a_sharded_checkpoint_killed_then_a_plain_rerun_finishes_the_same(
+    clean: Clean, forks: ForkServer, tmp_path: Path
+) -> None:
+    store, before = clean.store, clean.before
     root = f"file://{store}"
 
     def restore() -> None:
         shutil.rmtree(store, ignore_errors=True)
         shutil.copytree(before, store)
 
-    restore()
-    log = tmp_path / "clean.log"
-    clean = run_ranks(forks, root, {WRITES_LOG: str(log)})
-    assert [r.exitcode for r in clean] == [0, 0], clean[0].stderr[-3000:] + clean[1].stderr[-3000:]
-    expected = state(store)
-    assert not leftovers(store), leftovers(store)
-    points = [p for p in log.read_text().splitlines() if "/checkpoints/" in p]
+    ranks = clean.ranks
+    assert [r.exitcode for r in ranks] == [0, 0], ranks[0].stderr[-3000:] + ranks[1].stderr[-3000:]
+    expected = clean.state
+    assert not clean.leftovers, clean.leftovers
+    points = [p for p in clean.points if "/checkpoints/" in p]
     # Both ranks' shards, rank 0's metadata, state, meta and the marker last.
     assert sum(p.startswith("rank1: ") for p in points) == 1, points
     assert points[-1].startswith("rank0: ") and points[-1].endswith("/COMMIT"), points
@@ -110,27 +145,27 @@ def test_every_write_of_a_sharded_checkpoint_killed_then_a_plain_rerun_finishes_
 
 
 def test_a_sharded_run_on_s3_killed_at_a_shard_resumes_to_the_same_weights(
-    s3_endpoint: str, data_template: Path, forks: ForkServer, tmp_path: Path
+    s3_endpoint: str, clean: Clean, forks: ForkServer, tmp_path: Path
 ) -> None:
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket=BUCKET)
     env = _s3_env(s3_endpoint)
-    log = tmp_path / "points.log"
-    for prefix in ("clean", "killed"):
-        write_data(f"s3://{BUCKET}/{prefix}")
-    clean = run_ranks(forks, f"s3://{BUCKET}/clean", {**env, WRITES_LOG: str(log)})
-    assert [r.exitcode for r in clean] == [0, 0], clean[0].stderr[-3000:]
-    shard = next(
-        p for p in log.read_text().splitlines() if p.startswith("rank1: ") and "distcp" in p
-    )
-
+    assert [r.exitcode for r in clean.ranks] == [0, 0], clean.ranks[1].stderr[-3000:]
+    # Rank 1's shard, as the clean run on file:// named it: a point names the write by
+    # its number and its path relative to the store's root, whichever the scheme.
+    shard = next(p for p in clean.points if p.startswith("rank1: ") and "distcp" in p)
     root = f"s3://{BUCKET}/killed"
-    killed = run_ranks(forks, root, {**env, FAULT_POINT: shard})
+    write_data(root)
+    log = tmp_path / "killed.log"
+    killed = run_ranks(forks, root, {**env, FAULT_POINT: shard, WRITES_LOG: str(log)})
     assert killed[1].exitcode == -9, killed[1].stderr[-3000:]
+    own = [p for p in log.read_text().splitlines() if p.startswith("rank1: ")]
+    assert own[-1:] == [shard], own[-5:]  # killed there, on S3, by that point
     again = run_ranks(forks, root, env)
     assert [r.exitcode for r in again] == [0, 0], again[0].stderr[-3000:]
-    reference, got = _weights(s3, "clean"), _weights(s3, "killed")
-    assert reference.keys() == got.keys()
+    # The clean run's weights, bit for bit: the same job on either scheme, killed or not.
+    reference, got = clean.weights, _weights(s3, "killed")
+    assert reference and reference.keys() == got.keys()
     assert all(torch.equal(got[k], reference[k]) for k in reference)
 
 
