@@ -6,8 +6,8 @@ run does.
 moto's Batch over HTTP (``AWS_ENDPOINT_URL``); tests/batch_harness.py's executor runs
 each submitted job as the container's command, a local process, with Batch's states,
 attempts and CloudWatch log streams. The same refresh runs on the same generated data
-on Batch twice, with the embed mapped over shard groups and with the embed as one array
-job per corpus, and is compared with the local run: the session's golden run
+on Batch, with the embed mapped over shard groups and with the embed as one array job
+per corpus (a test each), and is compared with the local run: the session's golden run
 (tests/golden.py, the refresh tests/test_dags.py checks; made once, read here). Their
 XComs must be equal except what cannot be: timing, the run id (in versions and URLs),
 cache hits, where each ran, its artifact root and its database.
@@ -88,7 +88,9 @@ def xcoms(run, database: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fan_out", ["mapped", "array"])
 def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
+    fan_out: str,
     tmp_path: Path,
     request: pytest.FixtureRequest,
     golden_refresh,
@@ -99,8 +101,7 @@ def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
     # Each run its own database of one PostgreSQL with pgvector, as production has it:
     # the worker's EMBEDFRESH_INDEX_DSN for the local run (the golden run's, made by
     # tests/golden.py), the job definition's secret (the "image's" environment here) for
-    # the Batch runs.
-    key = uuid.uuid4().hex[:8]
+    # the Batch run.
     local = golden_refresh.run
     assert local.facts["state"] == "success", local.output
     # Every job step of the local run ran on the local runner, none on Batch: each step's
@@ -108,35 +109,32 @@ def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
     costs = [json.loads(p.read_text()) for p in sorted((local.reports / "cost").rglob("*.json"))]
     assert sorted({c["job"] for c in costs}) == sorted(JOBS), costs
     assert {c["runner"] for c in costs} == {"local"}, costs
-    expected = xcoms(local, golden_refresh.database)
+    want = xcoms(local, golden_refresh.database)
 
     monkeypatch.delenv(INDEX_DSN_ENV, raising=False)
     monkeypatch.setenv("EMBEDFRESH_EXECUTION_MODE", "aws_batch")
     monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_QUEUE", QUEUE)
     monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_DEFINITION", SINGLE)
     monkeypatch.setenv("EMBEDFRESH_BATCH_POLL_INTERVAL", "0.2")
-    for fan_out in ("mapped", "array"):
-        monkeypatch.setenv("EMBEDFRESH_EMBED_FAN_OUT", fan_out)
-        executor.extra_env[INDEX_DSN_ENV] = fresh_database(pg_server, f"{fan_out}_{key}")
-        (tmp_path / fan_out).mkdir()
-        before = len(executor.submits)
-        run = run_dag(REFRESH, tmp_path / fan_out, request)
-        assert run.facts["state"] == "success", (
-            run.facts["tasks"],
-            run.output,
-            job_outputs(executor)[-3000:],
-        )
-        submitted = executor.submits[before:]
-        names = " ".join(s["jobName"] for s in submitted)
-        assert [j for j in JOBS if f"embedfresh-{j}-" not in names] == [], names
-        got, want = xcoms(run, f"{fan_out}_{key}"), dict(expected)
-        if fan_out == "array":  # one array job per corpus: no shard list, one embed summary
-            assert got.pop("list_shards") is None and want.pop("list_shards")
-            assert any(s.get("arrayProperties") for s in submitted)
-            embed = got.pop("embed")  # the whole corpus's, where a mapped one has its group's
-            assert embed["rows"] == want["verify"]["rows"] == 600, embed
-            got["embed"] = want["embed"]
-        assert got == want, (fan_out, differences(got, want))
+    monkeypatch.setenv("EMBEDFRESH_EMBED_FAN_OUT", fan_out)
+    database = f"{fan_out}_{uuid.uuid4().hex[:8]}"
+    executor.extra_env[INDEX_DSN_ENV] = fresh_database(pg_server, database)
+    run = run_dag(REFRESH, tmp_path, request)
+    assert run.facts["state"] == "success", (
+        run.facts["tasks"],
+        run.output,
+        job_outputs(executor)[-3000:],
+    )
+    names = " ".join(s["jobName"] for s in executor.submits)
+    assert [j for j in JOBS if f"embedfresh-{j}-" not in names] == [], names
+    got = xcoms(run, database)
+    if fan_out == "array":  # one array job per corpus: no shard list, one embed summary
+        assert got.pop("list_shards") is None and want.pop("list_shards")
+        assert any(s.get("arrayProperties") for s in executor.submits)
+        embed = got.pop("embed")  # the whole corpus's, where a mapped one has its group's
+        assert embed["rows"] == want["verify"]["rows"] == 600, embed
+        got["embed"] = want["embed"]
+    assert got == want, (fan_out, differences(got, want))
 
 
 def job_outputs(executor) -> str:
