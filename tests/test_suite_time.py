@@ -39,3 +39,24 @@ def test_at_most_three_exceptions_each_with_its_time_and_reason():
 
 def test_every_file_scheduled_first_exists():
     assert [path for path in FILE_SECONDS if not (ROOT / path).is_file()] == []
+
+
+def test_every_planted_defect_still_applies_to_the_product():
+    """scripts/plant_defects.py (docs/BENCHMARKS.md, "Planted defects") stays runnable:
+    each defect's snippet occurs exactly once in this tree (read only), and each names a
+    test of the trimmed suite that exists."""
+    done = subprocess.run(
+        [sys.executable, "scripts/plant_defects.py", "--tree", str(ROOT), "--side", "new",
+         "--check"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("applies once:") == 10, done.stdout
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import plant_defects
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    for defect in plant_defects.DEFECTS:
+        for nodeid in defect.new_tests:
+            assert (ROOT / nodeid.split("::", 1)[0]).is_file(), (defect.name, nodeid)
