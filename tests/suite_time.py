@@ -31,7 +31,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "tests/stack/test_celery_stack.py::test_refresh_runs_on_postgres_and_two_celery_workers",
         "setup",
     ): (
-        "217 s / 272 s: the Postgres + Redis + two-worker stack starts, then the one "
+        "217 s / 266-272 s: the Postgres + Redis + two-worker stack starts, then the one "
         "refresh with a worker killed in train and one in embed, which both tests read"
     ),
     ("tests/test_demo.py::test_demo_runs_the_dag_day_after_day_and_every_day_decides", "call"): (
