@@ -11,7 +11,6 @@ one-process entry, not its own. Nothing writes into the shared cache.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from embedfresh.core import layout
 from embedfresh.core.storage import ArtifactStore
-from tests.conftest import run_job
+from tests.conftest import files_sha256, run_job
 
 RUN_ID = "c1"
 
@@ -48,11 +47,7 @@ class CompileCache:
 
     def snapshot(self) -> dict[str, str]:
         """Every file of the cache with its sha256."""
-        return {
-            str(p.relative_to(self.cache_path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(self.cache_path.rglob("*"))
-            if p.is_file()
-        }
+        return files_sha256(self.cache_path)
 
 
 def cpu_compile_cache(data_template: Path, where: Path) -> CompileCache:

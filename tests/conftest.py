@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -113,6 +114,16 @@ def _forked(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.C
     return subprocess.CompletedProcess(
         cmd, code, out["stdout"].decode(errors="replace"), out["stderr"].decode(errors="replace")
     )
+
+
+def files_sha256(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (its path relative to ``root``) with its sha256: what a
+    test that shares a store or cache read only checks before and after."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def write_demo_store(root: str) -> None:

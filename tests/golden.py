@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from embedfresh.core.settings import INDEX_DSN_ENV
-from tests.conftest import database_url
+from tests.conftest import database_url, files_sha256
 from tests.test_dags import GOLDEN_LABEL, SOURCES, DagSource, Run, run_dag
 
 #: The refresh DAG file among tests/test_dags.py's sources.
@@ -83,10 +83,8 @@ def digest(golden: Golden) -> str:
     from psycopg import sql
 
     h = hashlib.sha256()
-    root = golden.run.artifacts
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+    for name, sha in files_sha256(golden.run.artifacts).items():
+        h.update(f"{name}={sha}\0".encode())
     with psycopg.connect(golden.dsn, autocommit=True) as db:
         tables = db.execute(
             "SELECT n.nspname, c.relname FROM pg_class c"

@@ -23,7 +23,6 @@ hosts of 2 (what it tests); its single-host ddp side trains the same global batc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import socket
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, job_env
+from tests.conftest import ROOT, files_sha256, job_env
 
 TIMEOUT_S = 600
 #: The reference's settings, every one: a test that trains what it compares with the
@@ -107,11 +106,7 @@ class Run:
 
     def snapshot(self) -> dict[str, str]:
         """Every file of the store with its sha256."""
-        return {
-            str(p.relative_to(self.store)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(self.store.rglob("*"))
-            if p.is_file()
-        }
+        return files_sha256(self.store)
 
     def checkpoints(self) -> list[str]:
         return sorted(
