@@ -38,10 +38,10 @@ from embedfresh.core.config import (
     SearchCheckConfig,
 )
 from embedfresh.core.embedding_sets import iter_parts, read_embedding_set
-from embedfresh.core.exit_codes import ExitCode
+from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.index import open_index, table_name
 from embedfresh.core.leases import Lease
-from embedfresh.core.releases import live_release
+from embedfresh.core.releases import live_release, release_doc, write_release
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
 from embedfresh.jobs.embed import embed
@@ -435,6 +435,14 @@ def test_garbage_collection_keeps_what_kept_releases_reference(store, index_dsn)
     fresh = cpu_state_dict(versions.build_model(get_spec("tiny"), seed=4))
     versions.publish(store, get_spec("tiny"), "r4", fresh, {})
     embedded(store, "r4", "r4")
+    # A release whose compare-and-swap lost: its document is written, it never went live.
+    versions.publish(store, get_spec("tiny"), "t5", fresh, {})
+    write_release(
+        store,
+        release_doc(model="tiny", release="lost", version="t5", run_id="lost",
+                    version_url=store.url(layout.model_version("tiny", "t5")), action="promote",
+                    corpora={}, created_at="2026-12-06T00:00:00+00:00"),
+    )  # fmt: skip
     holding = Lease.acquire(store, "tiny", "r4", "embed-catalog")
     try:
         cfg = GarbageCollectConfig(**common(store, "gc"), keep_releases=2, grace_hours=0)
@@ -464,6 +472,8 @@ def test_garbage_collection_keeps_what_kept_releases_reference(store, index_dsn)
     assert not store.exists(layout.embeddings("tiny", "t2", CORPUS))
     assert not store.exists(layout.model_version("tiny", "t2"))
     assert store.exists(layout.model_version("tiny", "t1"))
+    # Only releases that were live are past retention: the lost one's version stays.
+    assert store.exists(layout.model_version("tiny", "t5"))
 
 
 def test_garbage_collection_spares_what_is_younger_than_the_grace_period(store):
@@ -486,10 +496,20 @@ def test_the_query_encoder_embeds_documents_exactly_as_the_corpus_was(store):
     name, ids, vectors = next(iter_parts(store, eset))
     from embedfresh.core.shards import read_corpus_shard
 
-    _, texts = read_corpus_shard(store, f"{layout.corpus(CORPUS)}/{name}")
+    shard_ids, texts = read_corpus_shard(store, f"{layout.corpus(CORPUS)}/{name}")
     mine = encoder.documents(texts)
     cosine = (mine * vectors).sum(axis=1)
     assert cosine.min() > 0.99999, cosine.min()
+    # The shard int8 was calibrated on changes: the encoder calibrates on the set's own
+    # copy of the texts (pinned by their sha256) and builds the same int8 model.
+    changed = pa.table({"id": shard_ids, "text": [t[::-1] + " changed" for t in texts]})
+    store.write_bytes(f"{layout.corpus(CORPUS)}/{name}", parquet_bytes(changed))
+    again = ReleaseEncoder(store, "tiny", "t1", CORPUS, eset.settings).documents(texts)
+    assert (again * vectors).sum(axis=1).min() > 0.99999
+    # Without its copy the encoder refuses, rather than build another int8 model.
+    store.remove(f"{layout.embeddings('tiny', 't1', CORPUS)}/_CALIBRATION.json")
+    with pytest.raises(BadInputError, match="are missing or differ"):
+        ReleaseEncoder(store, "tiny", "t1", CORPUS, eset.settings)
 
 
 def test_int8_vectors_of_another_route_are_never_reused_nor_queried(store, monkeypatch):
@@ -497,7 +517,6 @@ def test_int8_vectors_of_another_route_are_never_reused_nor_queried(store, monke
     layers between the GEMMs in another dtype) are re-embedded, not reused beside new
     ones; and a query encoder refuses vectors of a route it cannot rebuild, rather than
     embedding queries with another int8 model than the documents'."""
-    from embedfresh.core.exit_codes import BadInputError
     from embedfresh.ml.embedding import precision
 
     embed(EmbedConfig(**common(store, "q1"), version="t1", corpus=CORPUS, quantize="int8"))

@@ -16,6 +16,9 @@ from embedfresh.core.storage import ArtifactStore, sha256_bytes
 
 PART = re.compile(r"part-(\d{5})\.parquet")
 MANIFEST = "_MANIFEST.json"
+CALIBRATION = "_CALIBRATION.json"
+"""An int8 embedding set's calibration texts, copied beside its parts: its query encoder
+rebuilds the same int8 model after the corpus shard they came from changed."""
 OUTPUT_FORMAT = 2
 """Version of the embedding part's layout (2: ids keep the corpus's type, int64 or string)."""
 

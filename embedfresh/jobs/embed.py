@@ -62,6 +62,7 @@ from embedfresh.core.parquet import job_memory_pool
 from embedfresh.core.progress import Progress
 from embedfresh.core.shard_ids import CrossShardIds
 from embedfresh.core.shards import (
+    CALIBRATION,
     MANIFEST,
     commit_name,
     corpus_shards,
@@ -74,7 +75,7 @@ from embedfresh.core.shards import (
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.embedding.bucketing import Plan, VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import EncodeStats, embed_plan, uses_packed
-from embedfresh.ml.embedding.query import vector_settings
+from embedfresh.ml.embedding.query import calibration_digest, calibration_texts, vector_settings
 
 log = logging.getLogger("embedfresh.jobs.embed")
 
@@ -218,6 +219,13 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
             f"(it has {len(available)} shards: {list(available)[:10]}...)"
         )
 
+    # The texts int8 is calibrated on, pinned by their sha256 in every part's settings
+    # and copied beside the parts (the release's query encoder reads the copy).
+    calibration = (
+        calibration_texts(store, f"{corpus_dir}/{layout.part_name(calibration_shard)}",
+                          spec.prompt("document"))
+        if cfg.quantize == "int8" else None
+    )  # fmt: skip
     # The planner names the backend without building it: it may plan on a host without
     # the job's device.
     settings = vector_settings(
@@ -226,6 +234,7 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
         cfg.quantize,
         backend.name if backend is not None else resolve_name(cfg.backend),
         layout.part_name(calibration_shard),
+        calibration_digest(calibration) if calibration is not None else None,
     )
     status = shard_status(
         store,
@@ -285,9 +294,10 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     fast_gate = None
     if cfg.quantize != "none":
-        calibration = f"{corpus_dir}/{layout.part_name(calibration_shard)}" if todo else None
+        if calibration is not None and todo:
+            _copy_calibration(store, out_dir, calibration, settings)
         model, fast_gate = _fast_mode_or_refuse(
-            cfg, store, model, backend, tokenizer, lengths, calibration, prompt, bool(todo)
+            cfg, store, model, backend, tokenizer, lengths, calibration, bool(todo)
         )
         if fast_gate is not None and fast_gate["verdict"] != "PASS":
             store.write_json(
@@ -788,25 +798,20 @@ def _fast_mode_or_refuse(
     backend: Any,
     tokenizer: VariableTokenizer,
     lengths: tuple[int, ...],
-    calibration_shard: str | None,
-    prompt: str,
+    calibration: list[str] | None,
     gated: bool,
 ) -> tuple[Any, dict[str, Any] | None]:
     """The fast mode's model (``cfg.quantize``) and its quality gate's summary (None when
     not ``gated``: no shard is left to embed, so nothing would be published).
 
-    int8 is calibrated on the first texts of ``calibration_shard`` (the corpus's first
-    shard) and its summary says how (route, calibration tokens, int8 layers); bf16's
-    says whether the device runs bf16 natively."""
-    from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS, fast_mode_gate, fast_model
+    int8 is calibrated on ``calibration`` (the first texts of the corpus's first shard)
+    and its summary says how (route, calibration tokens, int8 layers); bf16's says
+    whether the device runs bf16 natively."""
+    from embedfresh.ml.embedding.precision import fast_mode_gate, fast_model
 
     if not gated:  # nothing left to embed: no fast model to build
         return model, None
-    texts = None
-    if cfg.quantize == "int8" and calibration_shard is not None:
-        _, corpus_texts = read_corpus_shard(store, calibration_shard)
-        texts = [prompt + t for t in corpus_texts[:CALIBRATION_TEXTS]]
-    fast, details = fast_model(model, backend, cfg.quantize, tokenizer, texts)
+    fast, details = fast_model(model, backend, cfg.quantize, tokenizer, calibration)
     key = "bf16" if cfg.quantize == "bf16" else "quantization"
     _, summary = fast_mode_gate(
         store,
@@ -820,6 +825,19 @@ def _fast_mode_or_refuse(
         mode=cfg.quantize,
     )
     return fast, {**summary, key: details}
+
+
+def _copy_calibration(
+    store: ArtifactStore, out_dir: str, texts: list[str], settings: dict[str, Any]
+) -> None:
+    """The calibration texts beside the parts (once: every task of an output writes the
+    same bytes), so the set's query encoder rebuilds this int8 model after the corpus
+    shard they came from changed."""
+    rel = f"{out_dir}/{CALIBRATION}"
+    doc = {"shard": settings["int8_calibration"], "sha256": settings["int8_calibration_sha256"],
+           "texts": texts}  # fmt: skip
+    if not store.exists(rel) or store.read_json(rel) != doc:
+        store.write_json(rel, doc)
 
 
 if __name__ == "__main__":

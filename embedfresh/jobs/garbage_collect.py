@@ -8,8 +8,9 @@ can reach. Deleted, in this order:
 1. index tables of the model that no kept release names (never a live view's table);
 2. embedding sets (``embeddings/{model}/{version}/{corpus}/``) of versions no kept
    release is of, nor production;
-3. model versions of releases past retention (a version that was never released is a
-   run's own output, left alone).
+3. model versions of releases past retention: releases that were live, by the
+   registry's history (a version that was never live, a release whose compare-and-swap
+   lost included, is a run's own output, left alone).
 
 Nothing written within ``grace_hours`` (default 24) is deleted, nor anything of a run
 that holds a live lease (a refresh writing it now); what was spared and why is in the
@@ -29,7 +30,7 @@ from embedfresh.core.config import GarbageCollectConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index import open_index
 from embedfresh.core.leases import live_holders
-from embedfresh.core.registry import Registry
+from embedfresh.core.registry import Registry, release_history
 from embedfresh.core.releases import Release, kept_releases, read_release
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
 
@@ -49,7 +50,7 @@ def garbage_collect(cfg: GarbageCollectConfig) -> dict[str, Any]:
     production = doc["production"]["version"]
     keep_versions = {r.version for r in kept} | {production}
     keep_tables = {e.table for r in kept for e in r.corpora.values()}
-    past = _past_retention(store, cfg.model, set(kept_ids))
+    past = _past_retention(store, cfg.model, doc, set(kept_ids))
     cutoff = time.time() - cfg.grace_hours * 3600
     spared: list[dict[str, str]] = []
     busy: dict[str, bool] = {}
@@ -118,14 +119,19 @@ def garbage_collect(cfg: GarbageCollectConfig) -> dict[str, Any]:
     }
 
 
-def _past_retention(store: ArtifactStore, model: str, kept: set[str]) -> list[Release]:
-    """The releases no longer kept (their documents stay: the history names them)."""
+def _past_retention(
+    store: ArtifactStore, model: str, registry_doc: dict[str, Any], kept: set[str]
+) -> list[Release]:
+    """The releases that were live and are no longer kept (their documents stay: the
+    history names them). A release document whose compare-and-swap lost never went
+    live: its version is a run's own output, not a release past retention."""
+    was_live = set(release_history(registry_doc))
     names = [
         n.removesuffix(".json")
         for n in store.listdir(layout.releases(model))
         if n.endswith(".json")
     ]
-    return [read_release(store, model, n) for n in sorted(names) if n not in kept]
+    return [read_release(store, model, n) for n in sorted(names) if n in was_live - kept]
 
 
 def _tables(cfg, keep_tables, in_use, recent, spared) -> list[str]:

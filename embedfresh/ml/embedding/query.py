@@ -22,6 +22,7 @@ guessed::
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,8 @@ from embedfresh.core import layout
 from embedfresh.core.config.embedding import DEFAULT_LENGTHS, EmbedConfig
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.releases import Release
-from embedfresh.core.shards import read_corpus_shard
-from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.shards import CALIBRATION, read_corpus_shard
+from embedfresh.core.storage import ArtifactStore, sha256_bytes
 from embedfresh.ml.embedding.bucketing import VariableTokenizer, make_batches, padded_lengths
 from embedfresh.ml.embedding.encode import embed_plan
 
@@ -45,19 +46,36 @@ log = logging.getLogger(__name__)
 TOKEN_BUDGET = EmbedConfig.model_fields["token_budget"].default
 
 
+def calibration_texts(store: ArtifactStore, rel: str, prompt: str) -> list[str]:
+    """The texts int8 is calibrated on: the first of corpus shard ``rel``'s, after the
+    document ``prompt``, as the encoder sees them."""
+    from embedfresh.ml.embedding.precision import CALIBRATION_TEXTS
+
+    _, texts = read_corpus_shard(store, rel)
+    return [prompt + t for t in texts[:CALIBRATION_TEXTS]]
+
+
+def calibration_digest(texts: Sequence[str]) -> str:
+    """sha256 of calibration texts, as an embedding set's settings pin them."""
+    return sha256_bytes(json.dumps(list(texts), ensure_ascii=False).encode())
+
+
 def vector_settings(
     spec: Any,
     max_length: int,
     quantize: str,
     backend: str,
     calibration_part: str | None = None,
+    calibration_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Every setting that changes a corpus's vectors, as the embed job records them in
     its manifest and a release's query encoder reads them back (:class:`ReleaseEncoder`):
     the truncation length, pooling, Dense modules, prompt, normalisation, fast mode and
     backend (not the batching: packed or padded, budget and buckets give the same
     vectors up to float rounding). int8 adds the corpus shard its activation scales were
-    calibrated on (``calibration_part``) and its route."""
+    calibrated on (``calibration_part``), the sha256 of the texts (``calibration_sha256``:
+    their copy beside the parts, :data:`~embedfresh.core.shards.CALIBRATION`) and its
+    route."""
     settings = {
         "max_length": max_length,
         "pooling": spec.pooling_mode,
@@ -71,6 +89,8 @@ def vector_settings(
         from embedfresh.ml.embedding.precision import int8_settings
 
         settings["int8_calibration"] = calibration_part
+        if calibration_sha256 is not None:
+            settings["int8_calibration_sha256"] = calibration_sha256
         settings.update(int8_settings())  # parts of the earlier dynamic route are stale
     return settings
 
@@ -223,11 +243,27 @@ class ReleaseEncoder(TextEncoder):
         return str(settings.get("int8_between_gemms") or "fp32")
 
     def _calibration_texts(self, store: ArtifactStore, settings: dict, n: int) -> list[str]:
+        """The texts the set's int8 model was calibrated on: its copy beside the parts,
+        checked against the digest its settings pin (sets embedded before the copy: the
+        corpus shard they name, as it stands)."""
         part = settings.get("int8_calibration")
+        digest = settings.get("int8_calibration_sha256")
+        if digest is not None:
+            rel = f"{layout.embeddings(self.model, self.version, self.corpus)}/{CALIBRATION}"
+            texts = store.read_json(rel).get("texts") if store.exists(rel) else None
+            if not isinstance(texts, list) or calibration_digest(texts) != digest:
+                raise BadInputError(
+                    f"the int8 calibration texts of {self.corpus!r} by {self.model} "
+                    f"{self.version} ({store.url(rel)}) are missing or differ from the "
+                    f"sha256 its embeddings pin ({digest[:12]}...): the query encoder cannot "
+                    "build the same int8 model; re-embed the corpus (a refresh releases it)"
+                )
+            return texts[:n]
         if not isinstance(part, str):
             raise BadInputError(
                 f"int8 embeddings of {self.corpus!r} without their calibration shard: the query "
                 "encoder cannot build the same int8 model"
             )
-        _, texts = read_corpus_shard(store, f"{layout.corpus(self.corpus)}/{part}")
-        return [self.document_prompt + t for t in texts[:n]]
+        return calibration_texts(
+            store, f"{layout.corpus(self.corpus)}/{part}", self.document_prompt
+        )[:n]
