@@ -118,7 +118,7 @@ def real(root: str, env: dict[str, str], rows: int, shard_rows: int) -> dict:
     from embedfresh.ml.embedding.query import ReleaseEncoder
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
-    from embedfresh.ml.search import ann_recall, exact_top_k
+    from embedfresh.ml.search import ann_recall, exact_top_k, set_parts
 
     store = ArtifactStore(root)
     write_dataset(store, "products", 0, dt.date(2026, 1, 1), 1, 64, 4000, "products", rows,
@@ -137,7 +137,7 @@ def real(root: str, env: dict[str, str], rows: int, shard_rows: int) -> dict:
     encoder = ReleaseEncoder(store, "minilm", "m1", "products", eset.settings)
     texts = read_judgments(store, "products", "int64").texts[:1000]
     vectors = encoder.queries(texts)
-    exact = exact_top_k(store, eset, vectors, 10)
+    exact = exact_top_k(set_parts(store, eset), vectors, 10)
     recalls, latencies = {}, {}
     with open_index(root) as index:
         for ef in EF_SWEEP:

@@ -15,6 +15,7 @@ when the OpenLineage provider is installed.
 from embedfresh.operators.assets import (
     EMBEDDING_PUBLICATIONS_ALIAS,
     MODEL_PROMOTIONS_ALIAS,
+    corpus_asset,
     embeddings_asset,
     model_asset,
 )
@@ -36,6 +37,7 @@ from embedfresh.operators.job_spec import JobSpec
 from embedfresh.operators.parity import BackendParityOperator
 from embedfresh.operators.registry import production_version
 from embedfresh.operators.release import (
+    CorpusSyncOperator,
     GarbageCollectOperator,
     IndexLoadOperator,
     ReleaseOperator,
@@ -67,6 +69,7 @@ __all__ = [
     "BatchEmbeddingOperator",
     "BatchSettings",
     "CorporaOperator",
+    "CorpusSyncOperator",
     "CorpusShardsOperator",
     "EmbedfreshJobOperator",
     "EmbeddingVerifyOperator",
@@ -87,6 +90,7 @@ __all__ = [
     "SearchCheckOperator",
     "SettingsError",
     "VectorIndexOperator",
+    "corpus_asset",
     "embeddings_asset",
     "model_asset",
     "production_version",

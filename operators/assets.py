@@ -27,6 +27,7 @@ EMBEDDING_SETS_ALIAS = "embedfresh-embedding-sets"
 MODEL_ASSET_URI = "embedfresh://models/{model}"
 EMBEDDINGS_ASSET_URI = "embedfresh://embeddings/{model}/{corpus}"
 EMBEDDING_SET_ASSET_URI = "embedfresh://embedding-sets/{model}/{version}/{corpus}"
+CORPUS_ASSET_URI = "embedfresh://corpora/{corpus}"
 
 
 def model_asset(model: str) -> Asset:
@@ -43,6 +44,13 @@ def embedding_set_asset(model: str, version: str, corpus: str) -> Asset:
     """The Asset of one verified embedding set: ``corpus`` embedded with model ``version``,
     live or not."""
     return Asset(EMBEDDING_SET_ASSET_URI.format(model=model, version=version, corpus=corpus))
+
+
+def corpus_asset(corpus: str) -> Asset:
+    """The Asset of a corpus: its producer updates it when a change set lands (the REST
+    API's ``POST /api/v2/assets/events``, or an SQS ``AssetWatcher``: docs/SEARCH.md), and
+    ``corpus_sync`` runs on it."""
+    return Asset(CORPUS_ASSET_URI.format(corpus=corpus))
 
 
 def is_templated(*values: Any) -> bool:

@@ -71,6 +71,7 @@ JOB_CONFIGS: Mapping[str, str] = {
     "release": "ReleaseConfig",
     "rollback": "RollbackConfig",
     "garbage_collect": "GarbageCollectConfig",
+    "corpus_sync": "CorpusSyncConfig",
     "search": "SearchConfig",
     "export_st": "ExportConfig",
     "publish_model": "PublishModelConfig",

@@ -153,6 +153,17 @@ def corpora_param() -> Param:
     )
 
 
+def synced_corpora() -> list[str]:
+    """The corpora ``corpus_sync`` follows (``EMBEDFRESH_SYNC_CORPORA``, comma-separated;
+    default ``products``), read when the DAG file is parsed: one Asset and one task each."""
+    raw = os.environ.get("EMBEDFRESH_SYNC_CORPORA", "").strip() or "products"
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9._:+=-]{1,200}", n)]
+    if bad:
+        raise ValueError(f"EMBEDFRESH_SYNC_CORPORA names invalid corpora {bad}: {raw!r}")
+    return list(dict.fromkeys(names))
+
+
 #: The vector index's Airflow connection, a deployment setting read when a DAG file is
 #: parsed (``EMBEDFRESH_INDEX_CONN_ID``): a PostgreSQL with pgvector. Unset: the worker's
 #: ``EMBEDFRESH_INDEX_DSN``, else the embedded server (docs/SEARCH.md).

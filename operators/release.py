@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from embedfresh.core.results import ResultTicket
 
 __all__ = [
+    "CorpusSyncOperator",
     "GarbageCollectOperator",
     "IndexLoadOperator",
     "ReleaseOperator",
@@ -350,3 +351,25 @@ class GarbageCollectOperator(VectorIndexOperator):
 
     def job_specific_settings(self) -> dict[str, Any]:
         return {"grace_hours": self.grace_hours, "dry_run": self.dry_run}
+
+
+class CorpusSyncOperator(VectorIndexOperator):
+    """Applies a corpus's change sets to a release's table (``python -m
+    embedfresh.jobs.corpus_sync``): upserts embedded by the release's own encoder, deletes,
+    one transaction per change set, a ledger that makes a re-run apply only what is
+    missing. docs/SEARCH.md "Corpus changes".
+
+    :param corpus: the corpus whose change sets are applied (templated).
+    :param release: the release whose table is synced; empty: the live one (templated).
+    """
+
+    job_name = "corpus_sync"
+    template_fields: Sequence[str] = (*EmbedfreshJobOperator.template_fields, "corpus", "release")
+
+    def __init__(self, *, corpus: str, release: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.corpus = corpus
+        self.release = release
+
+    def job_specific_settings(self) -> dict[str, Any]:
+        return {"corpus": self.corpus} | ({"release": self.release} if self.release else {})

@@ -57,6 +57,7 @@ STEP_TIMEOUTS: dict[str, int] = {
     "release": 30 * 60,
     "rollback": 30 * 60,
     "garbage_collect": 1 * _H,
+    "corpus_sync": 1 * _H,
 }
 
 

@@ -21,6 +21,7 @@ EXPECTED_DAGS = {
     "embedfresh_promote_anyway",
     "embedfresh_rollback",
     "embedfresh_garbage_collection",
+    "corpus_sync",
 }
 HEAVY_MODULES = (
     "torch", "torch_xla", "boto3", "transformers", "sentence_transformers",

@@ -506,6 +506,33 @@ def check_garbage_collection(run: Run) -> None:
     assert (run.artifacts / "embeddings/tiny/v2/products/_MANIFEST.json").exists()
 
 
+def with_a_release_and_a_change_set(root: str) -> None:
+    """Release r1 (v1, with products), then a change set of the products corpus: three
+    documents added (string texts in three scripts), one changed, two deleted."""
+    from embedfresh.core.storage import ArtifactStore
+    from tests.releasing import release_run
+    from tests.reliability.test_fault_points import land_change_set
+
+    with_production_v1(root)
+    release_run(root, "r1", version="v1", regression="report")
+    land_change_set(root)
+    store = ArtifactStore(root)
+    assert store.exists("corpora/products/changes/0001.parquet")
+
+
+def check_corpus_sync(run: Run) -> None:
+    """The sync task applied the change set to r1's table: the record's watermark is it,
+    the table holds the corpus's 600 ids plus two added, less one deleted."""
+    from embedfresh.core.storage import ArtifactStore
+
+    assert run.facts["tasks"] == [["sync_products", -1, "success"]], run.output
+    summary = run.facts["xcom"]["sync_products"]
+    assert (summary["upserts_now"], summary["deletes_now"]) == (3, 1), summary
+    record = ArtifactStore(run.root).read_json("models/tiny/sync/r1/products.json")
+    assert record["watermark"] == "0001" and record["rows"] == DATA["corpus_rows"] + 1, record
+    assert summary["rows"] == record["rows"] and summary["table"] == record["table"]
+
+
 def check_fleet_health(run: Run) -> None:
     """With the defaults, the health job on cpu passes and its report lands under the run."""
     facts, output = run.facts, run.output
@@ -691,6 +718,11 @@ CASES: dict[str, DagCase] = {
         check_rollback,
         setup=with_v2_after_v1,
         conf={"release": "r1", "reason": OVERRIDE_REASON},
+    ),
+    "corpus_sync": DagCase(
+        check_corpus_sync,
+        setup=with_a_release_and_a_change_set,
+        xcom_tasks=("sync_products",),
     ),
     "embedfresh_garbage_collection": DagCase(
         check_garbage_collection,

@@ -5,6 +5,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     datasets/{name}/{split}/dt=YYYY-MM-DD/part-00000.parquet   daily training partitions
     datasets/{name}/eval/part-00000.parquet                    the fixed held-out split
     corpora/{name}/part-00000.parquet                          texts to embed (id, text)
+    corpora/{name}/changes/{change_set}.parquet                upserts and deletes (op, id, text)
     compile-cache/{backend}/{key}/...
     runs/{model}/{run_id}/checkpoints/step-00000100/...        + COMMIT written last
     runs/{model}/{run_id}/reports/{kind}.json
@@ -13,6 +14,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     models/{model}/versions/{version}/...                      + COMMIT written last
     models/{model}/registry.json                               live release pointer + history
     models/{model}/releases/{release}.json                     a release, immutable
+    models/{model}/sync/{release}/{corpus}.json                its table's change sets applied
     embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
 """
 
@@ -52,6 +54,15 @@ def judgments(dataset: str) -> str:
 
 def corpus(name: str) -> str:
     return f"corpora/{safe_id(name, 'corpus')}"
+
+
+def corpus_changes(name: str) -> str:
+    """A corpus's change sets, one Parquet object each (docs/SEARCH.md "Corpus changes")."""
+    return f"{corpus(name)}/changes"
+
+
+def change_set(name: str, change: str) -> str:
+    return f"{corpus_changes(name)}/{safe_id(change, 'change set')}.parquet"
 
 
 def part_name(index: int) -> str:
@@ -146,6 +157,15 @@ def releases(model: str) -> str:
 def release(model: str, release_id: str) -> str:
     """A release: the model version, its corpora's embedding sets and index tables."""
     return f"{releases(model)}/{safe_id(release_id, 'release')}.json"
+
+
+def sync_record(model: str, release_id: str, corpus_name: str) -> str:
+    """Which change sets a release's table of ``corpus_name`` holds (the corpus sync's
+    record; the release document itself never changes)."""
+    return (
+        f"models/{safe_id(model, 'model')}/sync/{safe_id(release_id, 'release')}/"
+        f"{safe_id(corpus_name, 'corpus')}.json"
+    )
 
 
 def embeddings_root(model: str) -> str:

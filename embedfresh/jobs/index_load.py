@@ -15,9 +15,13 @@ The release is the run (``run_id``); its model version defaults to the run id. I
    database went away: exit 75) loads only what is missing;
 5. the table holds every corpus id exactly once (its primary key, and its row count
    against the manifest's);
-6. the HNSW index (``vector_cosine_ops``, ``hnsw_m``, ``hnsw_ef_construction``,
+6. the corpus's change sets the table's ledger lacks (``corpora/{corpus}/changes/``,
+   docs/SEARCH.md "Corpus changes"), embedded with the set's own settings and applied
+   one transaction each: the table is the corpus as it stands when the load runs, and
+   the search check reads that table;
+7. the HNSW index (``vector_cosine_ops``, ``hnsw_m``, ``hnsw_ef_construction``,
    ``maintenance_work_mem``), once;
-7. the report ``runs/{model}/{run_id}/reports/index-{corpus}.json``.
+8. the report ``runs/{model}/{run_id}/reports/index-{corpus}.json``.
 
 Two loads of one release and corpus at once: the second exits 75 naming the holder of
 the lease. Progress (rows, rate, ETA) is logged every 30 s or 5%.
@@ -30,6 +34,7 @@ import time
 from typing import Any
 
 from embedfresh.core import layout
+from embedfresh.core.changes import pending_changes
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import IndexLoadConfig
 from embedfresh.core.embedding_sets import id_type, read_embedding_set, read_part
@@ -38,6 +43,7 @@ from embedfresh.core.index import AnnSettings, TableSpec, open_index, table_name
 from embedfresh.core.parquet import job_memory_pool, large_blocks_back_to_the_os
 from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
+from embedfresh.ml.embedding.sync import apply_pending
 
 log = logging.getLogger("embedfresh.jobs.index_load")
 
@@ -104,11 +110,19 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
             del ids, vectors
         load_seconds = progress.finish()
         rows = index.count(spec.name)
-        if rows != eset.rows:
+        if rows != eset.rows and not index.applied_changes(spec.name):
             raise BadInputError(
                 f"table {spec.name} of {index.location} holds {rows} rows after the load, "
                 f"{eset.manifest_url} lists {eset.rows}: it was changed outside embedfresh"
             )
+        # Caught up with the corpus's change sets before the graph is built (and before
+        # the search check reads the table): the table is the corpus as it stands now.
+        pending = pending_changes(store, index, spec.name, cfg.corpus, spec.id_type)
+        truncated = apply_pending(store, index, spec.name, pending, model=cfg.model,
+                                  version=cfg.target_version, corpus=cfg.corpus,
+                                  settings=eset.settings)  # fmt: skip
+        applied = index.applied_changes(spec.name)
+        rows = index.count(spec.name)
         t0 = time.perf_counter()
         built = index.build_ann(spec.name, ann)
         build_seconds = time.perf_counter() - t0
@@ -133,6 +147,10 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
         "load_seconds": round(load_seconds, 3),
         "rows_per_second": round(pending_rows / load_seconds, 1) if load_seconds > 0 else None,
         "ann_built": built,
+        "change_sets": sorted(applied),
+        "watermark": max(applied, default=None),
+        "change_sets_applied_now": [c.name for c in pending],
+        "truncated_now": truncated,
         "ann_build_seconds": round(build_seconds, 3),
         "seconds": round(time.perf_counter() - started, 3),
     }

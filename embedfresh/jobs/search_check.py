@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from embedfresh.core import layout
+from embedfresh.core.changes import ids_after
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import SearchCheckConfig
 from embedfresh.core.embedding_sets import (
@@ -59,7 +60,7 @@ from embedfresh.ml.embedding.query import ReleaseEncoder
 from embedfresh.ml.gate.decision import Mode, Verdict, gate
 from embedfresh.ml.gate.sequential import plan_looks
 from embedfresh.ml.ranking import DEPTH, K, score_rankings
-from embedfresh.ml.search import ann_recall, exact_top_k, vectors_of
+from embedfresh.ml.search import ann_recall, exact_top_k, set_parts, vectors_of
 
 log = logging.getLogger("embedfresh.jobs.search_check")
 
@@ -79,6 +80,7 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
     baseline = _release_replaced(store, cfg)
     with open_index(cfg.artifact_root) as index:
         _every_id_once(store, index, eset, table)
+        watermarks = _watermarks(index, cfg, table, baseline)
         judgments, unjudged = _judgments(store, index, cfg, eset, table)
         encoder = ReleaseEncoder(store, cfg.model, cfg.target_version, cfg.corpus, eset.settings)
         first = _first_look(store, cfg)
@@ -86,7 +88,10 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
         probe = judgments.head(min(first, cfg.queries)) if judgments is not None else None
         texts = probe.texts if probe is not None else _eval_texts(store, cfg)
         vectors = encoder.queries(texts)
-        exact = exact_top_k(store, eset, vectors, K)
+        # Over what the table holds: the set's vectors, or once change sets were applied
+        # to it, its own rows.
+        parts = index.scan(table) if index.applied_changes(table) else set_parts(store, eset)
+        exact = exact_top_k(parts, vectors, K)
         # What the index costs search: complete judgments only (a condensed list ranks
         # the judged documents by their own cosine, no index involved).
         judge = probe if probe is not None and probe.complete else None
@@ -128,6 +133,8 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
         # The release this check compared against (or found live): the release job
         # goes live only if it still is.
         "live_release": None if baseline is None else baseline.release,
+        # The last change set each table holds (docs/SEARCH.md "Corpus changes").
+        "watermarks": watermarks,
         "seconds": round(time.perf_counter() - started, 3),
     }
     rel = layout.report(cfg.model, cfg.run_id, report_kind(cfg.corpus))
@@ -441,6 +448,26 @@ def _release_replaced(store: ArtifactStore, cfg: SearchCheckConfig) -> Release |
     return read_release(store, cfg.model, previous) if previous else None
 
 
+def _watermarks(
+    index: VectorIndex, cfg: SearchCheckConfig, table: str, baseline: Release | None
+) -> dict[str, str | None]:
+    """The last change set this run's table and the live release's hold; warns when
+    they differ (the comparison is then over two states of the corpus: the live table's
+    corpus sync is behind)."""
+    out = {"this": max(index.applied_changes(table), default=None)}
+    if baseline is not None and cfg.corpus in baseline.corpora:
+        live_table = baseline.corpus(cfg.corpus).table
+        out["live"] = max(index.applied_changes(live_table), default=None)
+        if out["live"] != out["this"]:
+            log.warning(
+                "table %s holds the change sets of %s up to %s, the live release's %s up to "
+                "%s: the comparison is over two states of the corpus (run python -m "
+                "embedfresh.jobs.corpus_sync --set model=%s --set corpus=%s first)",
+                table, cfg.corpus, out["this"], live_table, out["live"], cfg.model, cfg.corpus,
+            )  # fmt: skip
+    return out
+
+
 def _every_id_once(
     store: ArtifactStore, index: VectorIndex, eset: EmbeddingSet, table: str
 ) -> None:
@@ -449,6 +476,10 @@ def _every_id_once(
 
     :raises BadInputError: a corpus id missing from the table, named.
     """
+    applied = index.applied_changes(table)
+    if applied:  # caught up with change sets: the corpus as they leave it
+        _every_id_after_changes(store, index, eset, table, applied)
+        return
     rows = index.count(table)
     if rows == eset.rows:
         return
@@ -464,6 +495,32 @@ def _every_id_once(
         f"table {table} of {index.location} holds {rows} rows, the corpus has {eset.rows}: "
         "rows that are not the corpus's were added outside embedfresh"
     )
+
+
+def _every_id_after_changes(
+    store: ArtifactStore,
+    index: VectorIndex,
+    eset: EmbeddingSet,
+    table: str,
+    applied: dict[str, Any],
+) -> None:
+    """The table holds the corpus's snapshot with the change sets its ledger records
+    applied: exactly those ids (deleted ones gone, added ones in).
+
+    :raises BadInputError: an id missing or one too many, named.
+    """
+    kind = id_type(store, eset)
+    snapshot = np.concatenate([ids for _, ids, _ in iter_parts(store, eset)])
+    expected = ids_after(store, eset.corpus, snapshot, applied, kind)
+    missing = index.missing_ids(table, expected)
+    rows = index.count(table)
+    if len(missing) or rows != len(expected):
+        raise BadInputError(
+            f"table {table} of {index.location} holds {rows} rows, corpus {eset.corpus!r} "
+            f"after change sets {sorted(applied)[-3:]} has {len(expected)}"
+            + (f"; it lacks {missing[:5].tolist()}" if len(missing) else "")
+            + ": load it again (index_load) after finding who changed it"
+        )
 
 
 def _decide(cfg: SearchCheckConfig, fit: Faithful, compared: dict[str, Any]) -> tuple[str, str]:

@@ -11,6 +11,7 @@ Used by the search check before a release goes live (:mod:`embedfresh.jobs.searc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,14 +29,17 @@ class TopK:
     similarities: list[np.ndarray]
 
 
-def exact_top_k(store: ArtifactStore, eset: EmbeddingSet, queries: np.ndarray, k: int) -> TopK:
+def exact_top_k(
+    parts: Iterable[tuple[np.ndarray, np.ndarray]], queries: np.ndarray, k: int
+) -> TopK:
     """Per query, its ``k`` nearest vectors by cosine (the vectors are unit length: the
-    largest dot products), nearest first, over every part of ``eset``."""
+    largest dot products), nearest first, over every ``(ids, vectors)`` of ``parts``
+    (an embedding set's parts, or a table's rows in batches)."""
     n = len(queries)
     best_scores = np.full((n, 0), -np.inf, dtype=np.float32)
     best_ids: np.ndarray | None = None
     q = np.ascontiguousarray(queries, dtype=np.float32)
-    for _, ids, vectors in iter_parts(store, eset):
+    for ids, vectors in parts:
         scores = q @ vectors.T
         take = min(k, scores.shape[1])
         top = np.argpartition(-scores, take - 1, axis=1)[:, :take]
@@ -77,6 +81,12 @@ def ann_recall(found_similarities: list[np.ndarray], exact: TopK, k: int) -> np.
         threshold = truth[want - 1] - TIE
         out[i] = min(int((np.asarray(got[:k]) >= threshold).sum()), want) / want
     return out
+
+
+def set_parts(store: ArtifactStore, eset: EmbeddingSet) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(ids, vectors)`` of every part of ``eset``: :func:`exact_top_k`'s ``parts``."""
+    for _, ids, vectors in iter_parts(store, eset):
+        yield ids, vectors
 
 
 def vectors_of(store: ArtifactStore, eset: EmbeddingSet, ids: np.ndarray) -> np.ndarray:

@@ -62,6 +62,10 @@ class IndexSnapshots:
                     "SELECT table_name, shard, sha256, rows FROM embedfresh.loaded_shards "
                     "ORDER BY table_name, shard"
                 ).fetchall(),
+                "db:changes": conn.execute(
+                    "SELECT table_name, change_set, sha256, upserts, deletes "
+                    "FROM embedfresh.applied_changes ORDER BY table_name, change_set"
+                ).fetchall(),
                 "db:live": conn.execute(
                     "SELECT model, corpus, table_name, view_name FROM embedfresh.live "
                     "ORDER BY model, corpus"

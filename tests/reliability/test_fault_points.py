@@ -11,7 +11,8 @@ byte-identical (JSON reports compared without their clocks), nothing staged left
 The jobs run in the order of a refresh, each on the state the previous one left, all in
 one store path (reports hold absolute URLs): train (from production, a checkpoint
 between two steps), evaluate, gate, embed the candidate, verify, load the index, search
-check, release, export, compile (eager), rollback and garbage collection.
+check, release, the corpus sync of a change set landed meanwhile, export, compile
+(eager), rollback and garbage collection.
 
 The vector index is part of the state: a database of its own on the session's PostgreSQL
 (:mod:`tests.reliability.index_state`), snapshotted before each job and restored with
@@ -67,6 +68,8 @@ CHAIN = [
     ("index_load", ["run_id=r2"], 0),
     ("search_check", ["run_id=r2"], 0),
     ("release", ["run_id=r2"], 0),
+    # The change set landed after r1 reaches r2's table.
+    ("corpus_sync", ["run_id=s2"], 0),
     ("export_st", ["run_id=r2", "version=r2"], 0),
     ("compile", ["run_id=c1", "compile=off"], 0),
     # A person takes production back to release r1, with its table.
@@ -112,6 +115,12 @@ ATTEMPT = {
     "ann_built",
     "live_views_switched",
     "tables_dropped",
+    "applied_now",
+    "upserts_now",
+    "deletes_now",
+    "truncated_now",
+    "view_repaired",
+    "change_sets_applied_now",
     "embeddings_deleted",
     "versions_deleted",
 }
@@ -237,6 +246,36 @@ def first_release(root: str, index: IndexSnapshots) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(INDEX_DSN_ENV, index.dsn)
         release_run(root, "r1", regression="report")
+        land_change_set(root)
+        # Its landing's sync (the corpus_sync DAG's): r1's table is the corpus at the
+        # watermark r2's load catches up to, so the search check compares like with like.
+        from embedfresh.core.config import CorpusSyncConfig
+        from embedfresh.jobs.corpus_sync import corpus_sync
+
+        corpus_sync(CorpusSyncConfig(artifact_root=root, run_id="s1", corpus="products"))
+
+
+def land_change_set(root: str) -> None:
+    """A change set for the chain's corpus sync: two documents added (in three
+    scripts), the corpus's first document changed and its second deleted."""
+    import pyarrow as pa
+
+    from embedfresh.core import layout
+    from embedfresh.core.shards import corpus_shards, read_corpus_shard
+    from embedfresh.core.storage import ArtifactStore
+    from embedfresh.ml.data.generate import parquet_bytes
+
+    store = ArtifactStore(root)
+    first = next(iter(corpus_shards(store, "products").values()))
+    ids, _ = read_corpus_shard(store, f"{layout.corpus('products')}/{first}")
+    table = pa.table(
+        {
+            "op": ["upsert", "upsert", "upsert", "delete"],
+            "id": pa.array([10**9, 10**9 + 1, int(ids[0]), int(ids[1])], pa.int64()),
+            "text": ["trail shoes, ботинки", "防水 jacket", "a changed title", None],
+        }
+    )
+    store.write_bytes(layout.change_set("products", "0001"), parquet_bytes(table))
 
 
 @pytest.fixture(scope="module")

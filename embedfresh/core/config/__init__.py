@@ -11,6 +11,7 @@ from embedfresh.core.config.evaluation import EvaluateConfig, GateConfig, Publis
 from embedfresh.core.config.health import HealthConfig
 from embedfresh.core.config.release import (
     AnnConfig,
+    CorpusSyncConfig,
     GarbageCollectConfig,
     IndexLoadConfig,
     ReleaseConfig,
@@ -28,6 +29,7 @@ from embedfresh.core.config.training import (
 __all__ = [
     "DEFAULT_NEURON_CC_FLAGS",
     "AnnConfig",
+    "CorpusSyncConfig",
     "GarbageCollectConfig",
     "IndexLoadConfig",
     "ReleaseConfig",

@@ -268,6 +268,25 @@ class GarbageCollectConfig(JobConfig):
     """List what would be deleted; delete nothing."""
 
 
+class CorpusSyncConfig(JobConfig):
+    """Applies a corpus's change sets to a release's table, embedded with that release's
+    own encoder (docs/SEARCH.md "Corpus changes")."""
+
+    corpus: str = "products"
+    """The corpus whose change sets (``corpora/{corpus}/changes/``) are applied."""
+    release: str | None = None
+    """The release whose table is brought up to date; default: the live one. A kept
+    release (a rollback's target) is synced by naming it."""
+
+    @field_validator("corpus", "release")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "name")
+
+    def lease_unit(self, job: str) -> str:
+        return f"{job}-{self.corpus}"
+
+
 class SearchConfig(JobConfig):
     """Searches a release's table for a query string (the live release by default)."""
 

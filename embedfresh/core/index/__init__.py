@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index.base import (
     AnnSettings,
+    AppliedChange,
     IdType,
     SearchResult,
     ShardLoad,
@@ -33,6 +34,7 @@ from embedfresh.core.settings import INDEX_DIR_ENV, INDEX_DSN_ENV
 
 __all__ = [
     "AnnSettings",
+    "AppliedChange",
     "EMBEDDED",
     "IdType",
     "SearchResult",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,6 +55,10 @@ def table_name(model: str, release: str, corpus: str) -> str:
     return name
 
 
+#: :meth:`VectorIndex.switch_live`'s ``only_from`` when the view may read any table now.
+ANY = "*"
+
+
 def live_view_name(model: str, corpus: str) -> str:
     """The live view of ``model``'s vectors of ``corpus`` (``live_<model>_<corpus>_<digest>``)."""
     safe_id(model, "model")
@@ -86,6 +90,16 @@ class ShardLoad:
     shard: str
     sha256: str
     rows: int
+
+
+@dataclass(frozen=True)
+class AppliedChange:
+    """A corpus change set the ledger records as applied to a table."""
+
+    name: str
+    sha256: str
+    upserts: int
+    deletes: int
 
 
 @dataclass(frozen=True)
@@ -167,12 +181,34 @@ class VectorIndex(abc.ABC):
         a kill the shard is either wholly loaded and recorded, or neither."""
 
     @abc.abstractmethod
+    def applied_changes(self, table: str) -> dict[str, AppliedChange]:
+        """The change sets the ledger records as applied to ``table``."""
+
+    @abc.abstractmethod
+    def apply_changes(
+        self,
+        table: str,
+        change: AppliedChange,
+        upsert_ids: np.ndarray,
+        vectors: np.ndarray,
+        delete_ids: np.ndarray,
+    ) -> bool:
+        """Upsert ``upsert_ids`` with ``vectors``, delete ``delete_ids`` (those present)
+        and record ``change`` in the ledger, in one transaction; False, and nothing done,
+        when the ledger holds it already."""
+
+    @abc.abstractmethod
     def build_ann(self, table: str, settings: AnnSettings) -> bool:
         """Build the table's approximate index if it has none; True when it was built now."""
 
     @abc.abstractmethod
     def count(self, table: str) -> int:
         """Rows in ``table``."""
+
+    @abc.abstractmethod
+    def scan(self, table: str, rows: int = 50_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row of ``table`` as ``(ids, vectors)`` batches of at most ``rows``, in id
+        order: what an exact search over the table reads."""
 
     @abc.abstractmethod
     def missing_ids(self, table: str, ids: np.ndarray) -> np.ndarray:
@@ -185,8 +221,10 @@ class VectorIndex(abc.ABC):
         """Approximate top-``k`` ids by cosine distance for each row of ``queries``."""
 
     @abc.abstractmethod
-    def switch_live(self, model: str, corpus: str, table: str) -> bool:
-        """Point the live view of ``model`` and ``corpus`` at ``table``; True when it moved."""
+    def switch_live(self, model: str, corpus: str, table: str, only_from: str | None = ANY) -> bool:
+        """Point the live view of ``model`` and ``corpus`` at ``table``; True when it moved.
+        ``only_from``: move it only if it reads that table now (None: if there is no live
+        view), a compare-and-swap for a repair that must not undo a newer switch."""
 
     @abc.abstractmethod
     def live_table(self, model: str, corpus: str) -> str | None:

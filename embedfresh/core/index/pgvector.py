@@ -12,9 +12,13 @@ Everything lives in the schema ``embedfresh``:
   transaction that COPYs the shard's rows: a re-run after a kill loads only what the
   ledger lacks, and the table ends with every corpus id exactly once (its primary key
   refuses a second);
+- ``embedfresh.applied_changes``: the corpus change sets applied to a table
+  (:mod:`embedfresh.core.changes`), each recorded in the transaction that writes its
+  upserts and deletes: a re-run of the corpus sync applies only what it lacks;
 - ``embedfresh.live``: per model and corpus, the table its live view
-  (:func:`~embedfresh.core.index.base.live_view_name`) reads; the view is replaced in the
-  same transaction, so a reader sees the old view or the new, never none.
+  (:func:`~embedfresh.core.index.base.live_view_name`: ``id, embedding, release,
+  version``) reads; the view is replaced in the same transaction, so a reader sees the
+  old view or the new, never none, and each row says which model its vector is of.
 
 Rows go in with binary COPY through psycopg and pgvector's type adapters. A connection
 that fails or is lost (the server stopped, the network dropped) raises
@@ -28,7 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -39,7 +43,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from embedfresh.core.exit_codes import BadInputError, TransientError
 from embedfresh.core.index.base import (
+    ANY,
     AnnSettings,
+    AppliedChange,
     SearchResult,
     ShardLoad,
     TableInfo,
@@ -78,6 +84,15 @@ CREATE TABLE IF NOT EXISTS embedfresh.loaded_shards (
     rows bigint NOT NULL,
     loaded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (table_name, shard)
+);
+CREATE TABLE IF NOT EXISTS embedfresh.applied_changes (
+    table_name text NOT NULL REFERENCES embedfresh.tables (name) ON DELETE CASCADE,
+    change_set text NOT NULL,
+    sha256 text NOT NULL,
+    upserts bigint NOT NULL,
+    deletes bigint NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_name, change_set)
 );
 CREATE TABLE IF NOT EXISTS embedfresh.live (
     model text NOT NULL,
@@ -301,6 +316,74 @@ class PgVectorIndex(VectorIndex):
             )
         faults.after_write("db", f"index/{table}/{shard}")
 
+    @_translate
+    def applied_changes(self, table: str) -> dict[str, AppliedChange]:
+        rows = self._conn.execute(
+            "SELECT change_set, sha256, upserts, deletes FROM embedfresh.applied_changes "
+            "WHERE table_name = %s ORDER BY change_set",
+            (table,),
+        ).fetchall()
+        return {name: AppliedChange(name, sha, int(u), int(d)) for name, sha, u, d in rows}
+
+    @_translate
+    def apply_changes(
+        self,
+        table: str,
+        change: AppliedChange,
+        upsert_ids: np.ndarray,
+        vectors: np.ndarray,
+        delete_ids: np.ndarray,
+    ) -> bool:
+        id_type, dim = self._catalogued(table)
+        check_vectors(upsert_ids, vectors, dim)
+        convert = int if id_type == "int64" else str
+        conn = self._conn
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"table:{table}",))
+            if conn.execute(
+                "SELECT 1 FROM embedfresh.applied_changes WHERE table_name = %s "
+                "AND change_set = %s",
+                (table, change.name),
+            ).fetchone():
+                return False
+            if len(delete_ids):
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE id = ANY(%s::{}[])").format(
+                        _ident(table), sql.SQL(_SQL_TYPES[id_type])
+                    ),
+                    ([convert(i) for i in delete_ids],),
+                )
+            if len(upsert_ids):
+                # COPY into a scratch table, then one INSERT ... ON CONFLICT: pgvector
+                # keeps the HNSW graph as rows arrive (an updated row is a new tuple).
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TEMP TABLE changes_in (LIKE {} INCLUDING DEFAULTS) ON COMMIT DROP"
+                    ).format(_ident(table))
+                )
+                with (
+                    conn.cursor() as cur,
+                    cur.copy(
+                        "COPY changes_in (id, embedding) FROM STDIN WITH (FORMAT BINARY)"
+                    ) as copy,
+                ):
+                    copy.set_types([_COPY_TYPES[id_type], "vector"])
+                    for i in range(len(upsert_ids)):
+                        copy.write_row((convert(upsert_ids[i]), vectors[i]))
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (id, embedding) SELECT id, embedding FROM changes_in "
+                        "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding"
+                    ).format(_ident(table))
+                )
+            conn.execute(
+                "INSERT INTO embedfresh.applied_changes (table_name, change_set, sha256, "
+                "upserts, deletes) VALUES (%s, %s, %s, %s, %s)",
+                (table, change.name, change.sha256, change.upserts, change.deletes),
+            )
+        faults.after_write("db", f"index/{table}/changes/{change.name}")
+        return True
+
     def _catalogued(self, table: str) -> tuple[str, int]:
         """The id type and dimension the catalogue records for ``table``."""
         row = self._conn.execute(
@@ -352,6 +435,17 @@ class PgVectorIndex(VectorIndex):
             ]
         )
 
+    def scan(self, table: str, rows: int = 50_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        id_type, _ = self._catalogued(table)
+        kind = np.int64 if id_type == "int64" else str
+        statement = sql.SQL("SELECT id, embedding FROM {} ORDER BY id").format(_ident(table))
+        with self._conn.transaction(), self._conn.cursor(name=f"scan_{table}") as cur:
+            cur.itersize = rows
+            cur.execute(statement)
+            while batch := cur.fetchmany(rows):
+                ids = np.asarray([r[0] for r in batch], dtype=kind)
+                yield ids, np.stack([r[1].to_numpy() for r in batch]).astype(np.float32)
+
     @_translate
     def missing_ids(self, table: str, ids: np.ndarray) -> np.ndarray:
         id_type, _ = self._catalogued(table)
@@ -394,7 +488,7 @@ class PgVectorIndex(VectorIndex):
     # -- the live view ---------------------------------------------------------------
 
     @_translate
-    def switch_live(self, model: str, corpus: str, table: str) -> bool:
+    def switch_live(self, model: str, corpus: str, table: str, only_from: str | None = ANY) -> bool:
         conn = self._conn
         view = live_view_name(model, corpus)
         with conn.transaction():
@@ -403,16 +497,23 @@ class PgVectorIndex(VectorIndex):
                 "SELECT table_name FROM embedfresh.live WHERE model = %s AND corpus = %s",
                 (model, corpus),
             ).fetchone()
-            if row is not None and row[0] == table and self._exists(view):
+            if row is not None and row[0] == table and self._versioned(view):
                 return False
+            if only_from != ANY and (row[0] if row else None) != only_from:
+                return False
+            release, version = conn.execute(
+                "SELECT release, version FROM embedfresh.tables WHERE name = %s", (table,)
+            ).fetchone()
             # Replaced in one transaction: a reader waits on the lock and then reads the
             # new view; it never finds none. (CREATE OR REPLACE cannot change the vector
-            # dimension of a column.)
+            # dimension of a column.) Every row names its release and model version, so
+            # a reader of the view alone knows which query encoder its vectors need.
             conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(_ident(view)))
             conn.execute(
-                sql.SQL("CREATE VIEW {} AS SELECT id, embedding FROM {}").format(
-                    _ident(view), _ident(table)
-                )
+                sql.SQL(
+                    "CREATE VIEW {} AS SELECT id, embedding, {}::text AS release, "
+                    "{}::text AS version FROM {}"
+                ).format(_ident(view), sql.Literal(release), sql.Literal(version), _ident(table))
             )
             conn.execute(
                 "INSERT INTO embedfresh.live (model, corpus, table_name, view_name) "
@@ -423,6 +524,16 @@ class PgVectorIndex(VectorIndex):
             )
         faults.after_write("db", f"index/live/{view}")
         return True
+
+    def _versioned(self, view: str) -> bool:
+        """The view exists and names its rows' release and version (a view made before
+        it did is made again)."""
+        columns = self._conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attname IN ('release', 'version') AND NOT attisdropped",
+            (f'{SCHEMA}."{view}"',),
+        ).fetchone()[0]
+        return columns == 2
 
     @_translate
     def live_table(self, model: str, corpus: str) -> str | None:

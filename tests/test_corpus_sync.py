@@ -1,0 +1,406 @@
+"""The live index follows its corpus: change sets applied to a release's table by
+``embedfresh.jobs.corpus_sync`` against a real PostgreSQL 18 + pgvector.
+
+One release is made for the module (release r1 of the tiny model's v1 with the
+generated ``products`` corpus, 600 documents) in a database of its own; each test that
+writes works on a copy of its store and a clone of its database (``CREATE DATABASE ...
+TEMPLATE``). The landing of the issue: 1,000 documents added in one change set, then 500
+changed and 300 deleted in the next, in many scripts; the table must end equal to a
+from-scratch embed of the corpus at the watermark. Its fault points are in the
+fault-point matrix (tests/reliability/test_fault_points.py's chain); the DAG runs in
+tests/test_dags.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pytest
+from pgvector.psycopg import register_vector
+
+from embedfresh.core import layout
+from embedfresh.core.changes import DELETE, UPSERT
+from embedfresh.core.config import (
+    CorpusSyncConfig,
+    EmbedConfig,
+    IndexLoadConfig,
+    ReleaseConfig,
+    SearchCheckConfig,
+)
+from embedfresh.core.embedding_sets import iter_parts, read_embedding_set
+from embedfresh.core.exit_codes import BadInputError, ExitCode
+from embedfresh.core.index import live_view_name, open_index, table_name
+from embedfresh.core.releases import live_release
+from embedfresh.core.settings import INDEX_DSN_ENV
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
+from embedfresh.jobs.corpus_sync import corpus_sync
+from embedfresh.jobs.embed import embed
+from embedfresh.jobs.embed_verify import verify
+from embedfresh.jobs.index_load import index_load
+from embedfresh.jobs.release import release
+from embedfresh.jobs.search_check import search_check
+from embedfresh.ml.checkpoint import cpu_state_dict
+from embedfresh.ml.data.generate import parquet_bytes
+from embedfresh.ml.embedding.query import ReleaseEncoder
+from embedfresh.ml.model import versions
+from embedfresh.ml.model.presets import get_spec
+from tests.airflow_home import promote_initial_version
+from tests.conftest import database_url, run_job
+from tests.golden import fresh_database
+from tests.releasing import release_run, write_pass_gate
+
+pytestmark = pytest.mark.slow
+
+MODEL, CORPUS = "tiny", "products"
+WORDS = ("waterproof", "ботинки", "παπούτσια", "防水靴", "حذاء", "जूते", "randonnée", "靴下")
+
+
+def texts(n: int, seed: int) -> list[str]:
+    """``n`` texts in many scripts, none like the generated corpus's."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 40)))) + f" #{seed}-{i}"
+            for i in range(n)]  # fmt: skip
+
+
+def change_set(ops: list[str], ids: list, text: list[str | None]) -> bytes:
+    return parquet_bytes(
+        pa.table(
+            {
+                "op": pa.array(ops, pa.string()),
+                "id": pa.array(ids),
+                "text": pa.array(text, pa.string()),
+            }
+        )
+    )
+
+
+def land(store: ArtifactStore, name: str, data: bytes) -> None:
+    store.write_bytes(layout.change_set(CORPUS, name), data)
+
+
+@pytest.fixture(scope="module")
+def released(data_template: Path, tmp_path_factory, pg_server: str) -> tuple[Path, str]:
+    """Release r1 (v1 with ``products``) in a store and a database of its own: their
+    path and the database's name; a pristine copy of the database, ``<name>_pristine``,
+    is the template each test's database is made from."""
+    path = tmp_path_factory.mktemp("sync-world") / "store"
+    shutil.copytree(data_template, path)
+    name = f"sync_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(INDEX_DSN_ENV, fresh_database(pg_server, name))
+        root = f"file://{path}"
+        promote_initial_version(root, "v1")
+        release_run(root, "r1", version="v1", regression="report")
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}_pristine WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}_pristine TEMPLATE {name}")
+    return path, name
+
+
+@pytest.fixture
+def world(released, tmp_path: Path, pg_server: str, monkeypatch) -> ArtifactStore:
+    """A copy of the released store, its index the release's database made again from
+    the pristine copy (under the same name: the release records where its table is)."""
+    path, name = released
+    dest = tmp_path / "store"
+    shutil.copytree(path, dest)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {name}_pristine")
+    monkeypatch.setenv(INDEX_DSN_ENV, database_url(pg_server, name))
+    return ArtifactStore(f"file://{dest}")
+
+
+def corpus_now(store: ArtifactStore) -> dict[int, str]:
+    """The corpus snapshot's ids and texts."""
+    from embedfresh.core.shards import corpus_shards, read_corpus_shard
+
+    out: dict[int, str] = {}
+    for part in corpus_shards(store, CORPUS).values():
+        ids, text = read_corpus_shard(store, f"{layout.corpus(CORPUS)}/{part}")
+        out.update(zip(ids.tolist(), text, strict=True))
+    return out
+
+
+def table_rows(store: ArtifactStore) -> dict[int, np.ndarray]:
+    table = live_release(store, MODEL).corpus(CORPUS).table
+    with psycopg.connect(os.environ[INDEX_DSN_ENV]) as conn:
+        register_vector(conn)
+        rows = conn.execute(f'SELECT id, embedding FROM embedfresh."{table}"').fetchall()
+    return {int(i): np.asarray(v.to_numpy(), dtype=np.float32) for i, v in rows}
+
+
+def sync(store: ArtifactStore, run_id: str) -> dict:
+    return corpus_sync(
+        CorpusSyncConfig(artifact_root=store.root, model=MODEL, run_id=run_id, corpus=CORPUS)
+    )
+
+
+def test_a_landing_leaves_the_table_equal_to_a_from_scratch_embed_at_the_watermark(world):
+    store = world
+    corpus = corpus_now(store)
+    old = sorted(corpus)
+    new_ids = list(range(10**9, 10**9 + 1000))
+    land(store, "2026-12-06T10-00-00Z", change_set([UPSERT] * 1000, new_ids, texts(1000, 1)))
+    rng = np.random.default_rng(7)
+    shuffled = rng.permutation(old + new_ids).tolist()
+    changed, deleted = shuffled[:500], shuffled[500:800]  # old and new ids alike
+    land(
+        store,
+        "2026-12-06T11-00-00Z",
+        change_set(
+            [UPSERT] * 500 + [DELETE] * 300,
+            changed + deleted,
+            texts(500, 2) + [None] * 300,
+        ),
+    )
+    first = sync(store, "s1")
+    assert (first["applied_now"], first["upserts_now"], first["deletes_now"]) == (2, 1500, 300)
+    assert first["watermark"] == "2026-12-06T11-00-00Z"
+
+    # The corpus at the watermark, embedded from scratch by the embed job.
+    corpus.update(zip(new_ids, texts(1000, 1), strict=True))
+    corpus.update(zip(changed, texts(500, 2), strict=True))
+    for i in deleted:
+        del corpus[i]
+    ids = np.asarray(sorted(corpus), dtype=np.int64)
+    half = len(ids) // 2
+    for index, part in enumerate((ids[:half], ids[half:])):
+        store.write_bytes(
+            f"{layout.corpus('at_watermark')}/{layout.part_name(index)}",
+            parquet_bytes(pa.table({"id": part, "text": [corpus[i] for i in part.tolist()]})),
+        )
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "scratch", "version": "v1"}
+    embed(EmbedConfig(**common, corpus="at_watermark"))
+    verify(EmbedConfig(**common, corpus="at_watermark"))
+    scratch = {}
+    for _, part_ids, vectors in iter_parts(
+        store, read_embedding_set(store, MODEL, "v1", "at_watermark")
+    ):
+        scratch.update(zip(part_ids.tolist(), vectors, strict=True))
+
+    table = table_rows(store)
+    assert sorted(table) == sorted(scratch) == ids.tolist()
+    cosines = np.asarray([float(table[i] @ scratch[i]) for i in ids.tolist()])
+    assert cosines.min() >= 0.99999, (cosines.min(), ids[cosines.argmin()])
+
+    # A deleted document is never found, even by its own vector.
+    release = live_release(store, MODEL)
+    before = {}
+    for _, part_ids, vectors in iter_parts(store, read_embedding_set(store, MODEL, "v1", CORPUS)):
+        before.update(zip(part_ids.tolist(), vectors, strict=True))
+    gone = [i for i in deleted if i in before]
+    assert gone
+    entry = release.corpus(CORPUS)
+    with open_index(store.root) as index:
+        found = index.search(entry.table, np.stack([before[i] for i in gone]), 10,
+                             ef_search=entry.index["ann"]["ef_search"])  # fmt: skip
+    assert not set(np.concatenate(found.ids).tolist()) & set(deleted)
+
+    # The record says what the table holds; a re-run applies nothing and changes nothing.
+    record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
+    assert record["watermark"] == "2026-12-06T11-00-00Z" and record["rows"] == len(ids)
+    assert [c["name"] for c in record["change_sets"]] == [
+        "2026-12-06T10-00-00Z", "2026-12-06T11-00-00Z",
+    ]  # fmt: skip
+    again = sync(store, "s2")
+    assert again["applied_now"] == 0 and again["watermark"] == first["watermark"]
+    assert {i: v.tobytes() for i, v in table_rows(store).items()} == {
+        i: v.tobytes() for i, v in table.items()
+    }
+
+
+BAD = {
+    "unknown op": (["insert"], [1], ["a"], "column op is 'insert' at row 0"),
+    "null op": ([None], [1], ["a"], "column op is null at row 0"),
+    "string id in an int64 corpus": ([UPSERT], ["sku-1"], ["a"], "column id is string"),
+    "null id": ([UPSERT, UPSERT], [1, None], ["a", "b"], "column id is null at row 1"),
+    "an id twice": ([UPSERT, DELETE], [5, 5], ["a", None], "has 5 more than once (again at row 1)"),
+    "upsert without text": ([DELETE, UPSERT], [1, 2], [None, None], "text is null at row 1"),
+    "upsert with empty text": ([UPSERT], [3], [""], "text is empty at row 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_change_set_is_refused_naming_file_column_and_row_and_nothing_applied(world, case):
+    """A good change set lands before the bad one, and neither is applied (everything is
+    validated before the first write)."""
+    store = world
+    ops, ids, text, words = BAD[case]
+    land(store, "a-good", change_set([UPSERT], [10**9], ["fine"]))
+    land(store, "b-bad", change_set(ops, ids, text))
+    with pytest.raises(BadInputError, match="b-bad.parquet") as refused:
+        sync(store, "bad")
+    assert words in str(refused.value), str(refused.value)
+    assert not store.exists(layout.sync_record(MODEL, "r1", CORPUS))
+    assert not store.exists(layout.report(MODEL, "bad", f"sync-{CORPUS}"))
+    with open_index(store.root) as index:
+        table = live_release(store, MODEL).corpus(CORPUS).table
+        assert index.applied_changes(table) == {}
+        assert index.count(table) == 600
+
+
+def test_a_change_set_changed_after_it_was_applied_exits_2_and_the_command_says_so(world):
+    land(world, "c1", change_set([DELETE], [0], [None]))
+    assert sync(world, "s1")["deletes_now"] == 1
+    land(world, "c1", change_set([DELETE], [1], [None]))
+    done = run_job("corpus_sync", f"artifact_root={world.root}", "run_id=s2")
+    assert done.returncode == ExitCode.BAD_INPUT, done.stderr
+    assert "changes/c1.parquet was applied to" in done.stderr
+    assert "land the correction as a new change set" in done.stderr
+
+
+def first_vectors(store: ArtifactStore, version: str) -> dict:
+    """Ids and vectors of the first part of ``version``'s products embeddings."""
+    _, ids, vectors = next(iter_parts(store, read_embedding_set(store, MODEL, version, CORPUS)))
+    return dict(zip(ids.tolist(), vectors, strict=True))
+
+
+def test_readers_of_the_registry_and_of_the_view_never_see_a_model_with_another_s_vectors(
+    world, tmp_path
+):
+    """r2 (another model version) is released and the release is killed right after its
+    compare-and-swap; a reader polls the live release's table (through the registry) and
+    the live view (whose rows name their version) throughout. Each always finds the
+    vectors of the model it names; the corpus sync then repairs the view."""
+    store = world
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
+    embed(EmbedConfig(**common, corpus=CORPUS))
+    verify(EmbedConfig(**common, corpus=CORPUS))
+    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    search_check(SearchCheckConfig(**common, corpus=CORPUS, regression="report"))
+    write_pass_gate(store, MODEL, "r2", "v2")
+    truth = {v: first_vectors(store, v) for v in ("v1", "v2")}
+    probe = next(iter(truth["v1"]))
+    assert not np.allclose(truth["v1"][probe], truth["v2"][probe])
+
+    # The release's compare-and-swap point, from a clean run on a copy.
+    path = Path(store.root.removeprefix("file://"))
+    shutil.copytree(path, tmp_path / "before-release")
+    sets = [f"artifact_root={store.root}", "run_id=r2", "version=v2", f'corpora=["{CORPUS}"]']
+    log = tmp_path / "release-writes.log"
+    assert run_job("release", *sets, env={WRITES_LOG: str(log)}).returncode == 0
+    point = next(p for p in log.read_text().splitlines() if p.endswith("registry.json"))
+    shutil.rmtree(path)
+    shutil.copytree(tmp_path / "before-release", path)
+    with open_index(store.root) as index:
+        index.switch_live(MODEL, CORPUS, table_name(MODEL, "r1", CORPUS))
+
+    seen: list[tuple[str, str]] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    view = live_view_name(MODEL, CORPUS)
+
+    def poll() -> None:
+        try:
+            looks()
+        except BaseException as e:  # noqa: BLE001 - recorded, the test fails on it
+            errors.append(repr(e))
+
+    def wait_for(looked: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(seen) < looked:
+            assert reader.is_alive() and time.monotonic() < deadline, errors[:3]
+            time.sleep(0.05)
+
+    def looks() -> None:
+        with psycopg.connect(os.environ[INDEX_DSN_ENV], autocommit=True) as conn:
+            register_vector(conn)
+            while not stop.is_set():
+                release = live_release(store, MODEL)
+                table = release.corpus(CORPUS).table
+                got = conn.execute(
+                    f'SELECT embedding FROM embedfresh."{table}" WHERE id = %s', (probe,)
+                ).fetchone()[0]
+                if not np.allclose(got.to_numpy(), truth[release.version][probe], atol=1e-6):
+                    errors.append(f"registry names {release.version}, its table has other vectors")
+                named, vector = conn.execute(
+                    f'SELECT version, embedding FROM embedfresh."{view}" WHERE id = %s', (probe,)
+                ).fetchone()
+                if not np.allclose(vector.to_numpy(), truth[named][probe], atol=1e-6):
+                    errors.append(f"the view names {named}, its rows have other vectors")
+                seen.append((release.version, named))
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        killed = run_job("release", *sets, env={FAULT_POINT: point})
+        assert killed.returncode == -9, killed.stderr[-1500:]
+        wait_for(len(seen) + 5)
+        assert seen[-1] == ("v2", "v1")  # the kill's window: each reader still whole
+        repaired = sync(store, "s1")
+        assert repaired["view_repaired"] is True
+        wait_for(len(seen) + 5)
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors, errors[:3]
+    assert seen[0] == ("v1", "v1") and seen[-1] == ("v2", "v2")
+    assert sync(store, "s2")["view_repaired"] is False
+
+
+def test_a_refresh_while_the_corpus_moves_releases_the_corpus_at_the_last_watermark(world):
+    """Change set A lands before the refresh, B while it embeds (its load catches the
+    table up with both before the search check), C after its release (the corpus sync
+    of the live release applies it). r2's table ends as the corpus after A, B and C."""
+    store = world
+    snapshot = corpus_now(store)
+    old = sorted(snapshot)
+    land(store, "a", change_set([UPSERT, DELETE], [10**9, old[0]], ["added by a", None]))
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
+    embed(EmbedConfig(**common, corpus=CORPUS))
+    verify(EmbedConfig(**common, corpus=CORPUS))
+    land(store, "b", change_set([UPSERT, UPSERT], [old[1], 10**9 + 1], ["b's title", "new in b"]))
+    loaded = index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    report = store.read_json(loaded["report"].removeprefix(store.root + "/"))
+    assert report["change_sets_applied_now"] == ["a", "b"] and report["watermark"] == "b"
+    checked = search_check(SearchCheckConfig(**common, corpus=CORPUS, regression="report"))
+    assert checked["verdict"] == "PASS", checked
+    write_pass_gate(store, MODEL, "r2", "v2")
+    release(ReleaseConfig(**common, corpora=[CORPUS]))
+    land(store, "c", change_set([DELETE, UPSERT], [10**9, old[2]], [None, "c's title"]))
+    synced = sync(store, "s1")
+    assert synced["release"] == "r2" and synced["watermark"] == "c" and synced["applied_now"] == 1
+
+    expected = dict(snapshot)
+    del expected[old[0]]
+    expected.update({old[1]: "b's title", 10**9 + 1: "new in b", old[2]: "c's title"})
+    table = table_rows(store)
+    assert sorted(table) == sorted(expected)
+    encoder = ReleaseEncoder.for_release(store, live_release(store, MODEL), CORPUS)
+    for doc in (old[1], 10**9 + 1, old[2], old[3]):
+        want = encoder.documents([expected[doc]])[0]
+        assert float(table[doc] @ want) >= 0.99999, doc
+
+
+def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_plain_rerun(world):
+    """The database point of the sync (a change set's upserts, deletes and ledger row, one
+    transaction): killed right after it, the re-run applies nothing twice and writes the
+    record. (Its store writes are every job's: the fault-point matrix kills those.)"""
+    store = world
+    old = sorted(corpus_now(store))
+    land(store, "c1", change_set([UPSERT, DELETE], [10**9, old[0]], ["added", None]))
+    table = live_release(store, MODEL).corpus(CORPUS).table
+    sets = [f"artifact_root={store.root}", "run_id=s1"]
+    point = f"2 db index/{table}/changes/c1"
+    killed = run_job("corpus_sync", *sets, env={FAULT_POINT: point})
+    assert killed.returncode == -9, killed.stderr[-1500:]
+    assert not store.exists(layout.sync_record(MODEL, "r1", CORPUS))
+    done = run_job("corpus_sync", *sets)
+    assert done.returncode == 0, done.stderr[-1500:]
+    record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
+    assert record["watermark"] == "c1" and record["rows"] == 600
+    assert sorted(table_rows(store)) == sorted([*old[1:], 10**9])
