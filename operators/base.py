@@ -72,6 +72,7 @@ JOB_CONFIGS: Mapping[str, str] = {
     "rollback": "RollbackConfig",
     "garbage_collect": "GarbageCollectConfig",
     "corpus_sync": "CorpusSyncConfig",
+    "corpus_diff": "CorpusDiffConfig",
     "search": "SearchConfig",
     "export_st": "ExportConfig",
     "publish_model": "PublishModelConfig",

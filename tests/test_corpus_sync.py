@@ -27,8 +27,9 @@ import pytest
 from pgvector.psycopg import register_vector
 
 from embedfresh.core import layout
-from embedfresh.core.changes import DELETE, UPSERT
+from embedfresh.core.changes import DELETE, UPSERT, read_change_set
 from embedfresh.core.config import (
+    CorpusDiffConfig,
     CorpusSyncConfig,
     EmbedConfig,
     IndexLoadConfig,
@@ -42,6 +43,7 @@ from embedfresh.core.releases import live_release
 from embedfresh.core.settings import INDEX_DSN_ENV
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
+from embedfresh.jobs.corpus_diff import corpus_diff
 from embedfresh.jobs.corpus_sync import corpus_sync
 from embedfresh.jobs.embed import embed
 from embedfresh.jobs.embed_verify import verify
@@ -404,3 +406,63 @@ def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_pla
     record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
     assert record["watermark"] == "c1" and record["rows"] == 600
     assert sorted(table_rows(store)) == sorted([*old[1:], 10**9])
+
+
+def test_a_release_that_leaves_out_a_live_corpus_is_refused_unless_it_drops_it(world):
+    """r1 carries products. r2 carries none: refused, naming products, nothing written;
+    with drop_corpora=["products"] it goes live and products' live view is gone (no
+    reader finds r1's vectors under r2's model)."""
+    store = world
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    write_pass_gate(store, MODEL, "r2", "v2")
+    sets = [f"artifact_root={store.root}", "run_id=r2", "version=v2", "corpora=[]"]
+    refused = run_job("release", *sets)
+    assert refused.returncode == ExitCode.BAD_INPUT, refused.stderr[-1500:]
+    assert "carries corpora ['products'] that release r2 neither carries nor drops" in (
+        refused.stderr
+    )
+    assert not store.exists(layout.release(MODEL, "r2"))
+    done = run_job("release", *sets, 'drop_corpora=["products"]')
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert live_release(store, MODEL).release == "r2"
+    with open_index(store.root) as index:
+        assert index.live_table(MODEL, CORPUS) is None
+    with psycopg.connect(os.environ[INDEX_DSN_ENV]) as conn:
+        view = conn.execute(
+            "SELECT to_regclass(%s)", (f'embedfresh."{live_view_name(MODEL, CORPUS)}"',)
+        ).fetchone()[0]
+    assert view is None
+
+
+def test_a_full_snapshot_is_diffed_into_the_change_set_that_reaches_it(tmp_path):
+    """String SKUs in several scripts: the corpus (two parts) with change set ``a`` on
+    top, then a full snapshot; the diff lands exactly the upserts (new or retitled) and
+    deletes (gone) between them, cell by cell; a re-run lands the same bytes."""
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    base = {"sku-α": "красная кружка", "sku-β": "青い皿", "sku-γ": "green bowl", "sku-δ": "mug"}
+    for index, part in enumerate((["sku-α", "sku-β"], ["sku-γ", "sku-δ"])):
+        store.write_bytes(
+            f"{layout.corpus('skus')}/{layout.part_name(index)}",
+            parquet_bytes(pa.table({"id": part, "text": [base[i] for i in part]})),
+        )
+    store.write_bytes(
+        layout.change_set("skus", "a"),
+        change_set([UPSERT, DELETE], ["sku-ε", "sku-δ"], ["नया कप", None]),
+    )
+    # Now: α, β, γ, ε. The snapshot: β retitled, γ gone, ε kept, ζ new, α unchanged.
+    snapshot = {"sku-α": "красная кружка", "sku-β": "青い大皿", "sku-ε": "नया कप", "sku-ζ": "قدح"}
+    store.write_bytes(
+        f"{layout.corpus_snapshot('skus', 's2')}/{layout.part_name(0)}",
+        parquet_bytes(pa.table({"id": list(snapshot), "text": list(snapshot.values())})),
+    )
+    cfg = CorpusDiffConfig(artifact_root=store.root, corpus="skus", snapshot="s2")
+    done = corpus_diff(cfg)
+    assert (done["upserts"], done["deletes"], done["rows"]) == (2, 1, 4), done
+    landed = read_change_set(store, "skus", "s2", "string")
+    assert landed.upsert_ids.tolist() == ["sku-β", "sku-ζ"]
+    assert landed.upsert_texts == ["青い大皿", "قدح"]
+    assert landed.delete_ids.tolist() == ["sku-γ"]
+    first = store.read_bytes(layout.change_set("skus", "s2"))
+    assert corpus_diff(cfg)["upserts"] == 2
+    assert store.read_bytes(layout.change_set("skus", "s2")) == first

@@ -6,6 +6,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     datasets/{name}/eval/part-00000.parquet                    the fixed held-out split
     corpora/{name}/part-00000.parquet                          texts to embed (id, text)
     corpora/{name}/changes/{change_set}.parquet                upserts and deletes (op, id, text)
+    corpora/{name}/snapshots/{snapshot}/part-00000.parquet     a full snapshot, diffed into one
     compile-cache/{backend}/{key}/...
     runs/{model}/{run_id}/checkpoints/step-00000100/...        + COMMIT written last
     runs/{model}/{run_id}/reports/{kind}.json
@@ -59,6 +60,11 @@ def corpus(name: str) -> str:
 def corpus_changes(name: str) -> str:
     """A corpus's change sets, one Parquet object each (docs/SEARCH.md "Corpus changes")."""
     return f"{corpus(name)}/changes"
+
+
+def corpus_snapshot(name: str, snapshot: str) -> str:
+    """A full snapshot of a corpus that ``corpus_diff`` turns into a change set."""
+    return f"{corpus(name)}/snapshots/{safe_id(snapshot, 'snapshot')}"
 
 
 def change_set(name: str, change: str) -> str:

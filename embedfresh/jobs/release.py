@@ -14,8 +14,13 @@ passed on it. In order:
 4. the registry's production pointer, moved to the release by compare-and-swap on the
    production the gate decided against and the release the search check compared with
    (another run that released first: exit 2, nothing written);
-5. the live view of every corpus switched to its table (a re-run after a kill between 4
-   and 5 switches them: the release record is the truth, the views follow it).
+5. the live view of every corpus switched to its table, and those of ``drop_corpora``
+   dropped (a re-run after a kill between 4 and 5 switches them: the release record is
+   the truth, the views follow it).
+
+Every corpus of the live release is released again or named in ``drop_corpora``
+(otherwise exit 2 before anything is written): a corpus left out would keep serving
+the previous model's vectors.
 
 A failed or refused step leaves the live release as it was: a search service reading
 :func:`embedfresh.core.releases.live_release` keeps getting the previous release, whole.
@@ -35,7 +40,7 @@ from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.freshness import trained_through
 from embedfresh.core.index import live_view_name, open_index
 from embedfresh.core.registry import ANY, PROMOTE, Registry
-from embedfresh.core.releases import CorpusRelease, release_doc, write_release
+from embedfresh.core.releases import CorpusRelease, live_release, release_doc, write_release
 from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger("embedfresh.jobs.release")
@@ -52,6 +57,7 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
     store = ArtifactStore(cfg.artifact_root)
     version = cfg.target_version
     gate, expected_version = _decision(store, cfg, version)
+    _names_every_live_corpus(store, cfg)
     corpora: dict[str, CorpusRelease] = {}
     checked_against: set[Any] = set()
     for corpus in cfg.corpora:
@@ -260,8 +266,24 @@ def _tables_complete(cfg: ReleaseConfig, corpora: dict[str, CorpusRelease]) -> N
                 )  # fmt: skip
 
 
+def _names_every_live_corpus(store: ArtifactStore, cfg: ReleaseConfig) -> None:
+    """Every corpus of the live release is released again or dropped by name: a corpus
+    left out would keep serving the previous model's vectors under the new model."""
+    live = live_release(store, cfg.model)
+    if live is None or live.release == cfg.run_id:
+        return
+    left = sorted(set(live.corpora) - set(cfg.corpora) - set(cfg.drop_corpora))
+    if left:
+        raise BadInputError(
+            f"the live release {live.release} of {cfg.model} carries corpora {left} that "
+            f"release {cfg.run_id} neither carries nor drops: release them too (corpora) "
+            "or name them in drop_corpora (their live views are then dropped)"
+        )
+
+
 def _switch_views(cfg: ReleaseConfig, corpora: dict[str, CorpusRelease]) -> list[str]:
-    if not corpora:
+    """Each released corpus's live view onto its table; a dropped corpus's view gone."""
+    if not corpora and not cfg.drop_corpora:
         return []
     switched = []
     with open_index(cfg.artifact_root) as index:
@@ -269,6 +291,11 @@ def _switch_views(cfg: ReleaseConfig, corpora: dict[str, CorpusRelease]) -> list
             if index.switch_live(cfg.model, corpus, entry.table):
                 switched.append(corpus)
                 log.info("live view %s now reads %s", entry.index["live_view"], entry.table)
+        for corpus in cfg.drop_corpora:
+            if index.drop_live(cfg.model, corpus):
+                switched.append(corpus)
+                log.warning("live view of %s %s dropped: release %s does not carry it",
+                            cfg.model, corpus, cfg.run_id)  # fmt: skip
     return switched
 
 

@@ -64,7 +64,9 @@ PREFIX = "prod"
 SNAPSHOTS = "snapshots"
 #: The file matrix's chain but export and compile; the matrix runs on :data:`S3_JOBS`.
 S3_CHAIN = [entry for entry in CHAIN if entry[0] not in {"export_st", "compile"}]
-S3_JOBS = ["train", "embed", "index_load", "search_check", "release", "garbage_collect"]
+S3_JOBS = [
+    "train", "embed", "index_load", "search_check", "release", "corpus_sync", "garbage_collect",
+]  # fmt: skip
 ROOT_URL = f"s3://{BUCKET}/{PREFIX}"
 #: The operations whose S3 path is not the disk's, killed at every point
 #: (:mod:`embedfresh.core.storage.faults` names them): ``cas``, a conditional PUT

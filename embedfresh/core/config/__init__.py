@@ -11,6 +11,7 @@ from embedfresh.core.config.evaluation import EvaluateConfig, GateConfig, Publis
 from embedfresh.core.config.health import HealthConfig
 from embedfresh.core.config.release import (
     AnnConfig,
+    CorpusDiffConfig,
     CorpusSyncConfig,
     GarbageCollectConfig,
     IndexLoadConfig,
@@ -29,6 +30,7 @@ from embedfresh.core.config.training import (
 __all__ = [
     "DEFAULT_NEURON_CC_FLAGS",
     "AnnConfig",
+    "CorpusDiffConfig",
     "CorpusSyncConfig",
     "GarbageCollectConfig",
     "IndexLoadConfig",

@@ -179,7 +179,12 @@ class ReleaseConfig(JobConfig):
     corpora: list[str] = Field(default_factory=lambda: ["products"])
     """The corpora released with the model; each needs its verified embeddings, its
     loaded table and a passed search check from this run. Empty: a release without
-    document vectors (said in the log, shown on the page)."""
+    document vectors (said in the log, shown on the page). Every corpus of the live
+    release must be here or in ``drop_corpora``."""
+    drop_corpora: list[str] = Field(default_factory=list)
+    """Corpora of the live release this release does not carry: their live views are
+    dropped when it goes live (a reader finds no view, never the previous model's
+    vectors under the new model). A live corpus in neither list is refused (exit 2)."""
     action: Literal["promote", "promote_anyway"] = "promote"
     """``promote``: only after this run's gate said PASS; ``promote_anyway``: a person's
     override of the gate (needs ``reason``; recorded with ``who``)."""
@@ -202,7 +207,7 @@ class ReleaseConfig(JobConfig):
     def _segment(cls, v: str | None) -> str | None:
         return None if v is None else safe_id(v, "version")
 
-    @field_validator("corpora")
+    @field_validator("corpora", "drop_corpora")
     @classmethod
     def _corpora(cls, v: list[str]) -> list[str]:
         for name in v:
@@ -225,6 +230,9 @@ class ReleaseConfig(JobConfig):
 
     @model_validator(mode="after")
     def _override_has_a_reason(self) -> ReleaseConfig:
+        both = sorted(set(self.corpora) & set(self.drop_corpora))
+        if both:
+            raise ValueError(f"corpora {both} are both released and dropped")
         if self.action == "promote_anyway" and not (self.reason or "").strip():
             raise ValueError("action=promote_anyway needs a reason (recorded in the history)")
         if self.action == "promote" and self.reason:
@@ -285,6 +293,23 @@ class CorpusSyncConfig(JobConfig):
 
     def lease_unit(self, job: str) -> str:
         return f"{job}-{self.corpus}"
+
+
+class CorpusDiffConfig(JobConfig):
+    """Turns a full snapshot of a corpus into the change set that takes the corpus (its
+    snapshot and change sets so far) to it (docs/SEARCH.md "Corpus changes")."""
+
+    corpus: str = "products"
+    """The corpus (``corpora/{corpus}/``)."""
+    snapshot: str
+    """The new snapshot, ``corpora/{corpus}/snapshots/{snapshot}/part-NNNNN.parquet``;
+    its change set is landed under the same name, so name snapshots to sort in landing
+    order (a UTC time)."""
+
+    @field_validator("corpus", "snapshot")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")
 
 
 class SearchConfig(JobConfig):

@@ -227,6 +227,11 @@ class VectorIndex(abc.ABC):
         view), a compare-and-swap for a repair that must not undo a newer switch."""
 
     @abc.abstractmethod
+    def drop_live(self, model: str, corpus: str) -> bool:
+        """Drop the live view of ``model`` and ``corpus`` (its table stays); True when
+        there was one."""
+
+    @abc.abstractmethod
     def live_table(self, model: str, corpus: str) -> str | None:
         """The table the live view of ``model`` and ``corpus`` reads, if there is one."""
 

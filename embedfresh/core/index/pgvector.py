@@ -525,6 +525,21 @@ class PgVectorIndex(VectorIndex):
         faults.after_write("db", f"index/live/{view}")
         return True
 
+    @_translate
+    def drop_live(self, model: str, corpus: str) -> bool:
+        conn = self._conn
+        view = live_view_name(model, corpus)
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"live:{model}:{corpus}",))
+            gone = conn.execute(
+                "DELETE FROM embedfresh.live WHERE model = %s AND corpus = %s RETURNING 1",
+                (model, corpus),
+            ).fetchone()
+            conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(_ident(view)))
+        if gone:
+            faults.after_write("db", f"index/live/{view}/drop")
+        return gone is not None
+
     def _versioned(self, view: str) -> bool:
         """The view exists and names its rows' release and version (a view made before
         it did is made again)."""
