@@ -73,6 +73,7 @@ JOB_CONFIGS: Mapping[str, str] = {
     "garbage_collect": "GarbageCollectConfig",
     "corpus_sync": "CorpusSyncConfig",
     "corpus_diff": "CorpusDiffConfig",
+    "index_attach": "IndexAttachConfig",
     "search": "SearchConfig",
     "export_st": "ExportConfig",
     "publish_model": "PublishModelConfig",

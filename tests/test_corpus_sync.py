@@ -32,9 +32,11 @@ from embedfresh.core.config import (
     CorpusDiffConfig,
     CorpusSyncConfig,
     EmbedConfig,
+    IndexAttachConfig,
     IndexLoadConfig,
     ReleaseConfig,
     SearchCheckConfig,
+    SearchConfig,
 )
 from embedfresh.core.embedding_sets import iter_parts, read_embedding_set
 from embedfresh.core.exit_codes import BadInputError, ExitCode
@@ -47,8 +49,10 @@ from embedfresh.jobs.corpus_diff import corpus_diff
 from embedfresh.jobs.corpus_sync import corpus_sync
 from embedfresh.jobs.embed import embed
 from embedfresh.jobs.embed_verify import verify
+from embedfresh.jobs.index_attach import index_attach
 from embedfresh.jobs.index_load import index_load
 from embedfresh.jobs.release import release
+from embedfresh.jobs.search import search
 from embedfresh.jobs.search_check import search_check
 from embedfresh.ml.checkpoint import cpu_state_dict
 from embedfresh.ml.data.generate import parquet_bytes
@@ -466,3 +470,62 @@ def test_a_full_snapshot_is_diffed_into_the_change_set_that_reaches_it(tmp_path)
     first = store.read_bytes(layout.change_set("skus", "s2"))
     assert corpus_diff(cfg)["upserts"] == 2
     assert store.read_bytes(layout.change_set("skus", "s2")) == first
+
+
+def test_after_the_index_moved_the_check_names_the_command_and_the_attach_mends_it(
+    world, released, pg_server, monkeypatch
+):
+    """The same data at a new address (the release's database copied under another
+    name, as a new DSN reaches it): the next refresh's search check refuses, naming the
+    command; after it, the live table is re-attached (nothing loaded) and the check runs."""
+    store = world
+    _, name = released
+    moved = f"{name}_moved"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {moved} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {moved} TEMPLATE {name}")
+    monkeypatch.setenv(INDEX_DSN_ENV, database_url(pg_server, moved))
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
+    embed(EmbedConfig(**common, corpus=CORPUS))
+    verify(EmbedConfig(**common, corpus=CORPUS))
+    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    check = SearchCheckConfig(**common, corpus=CORPUS, regression="report")
+    with pytest.raises(
+        BadInputError, match="python -m embedfresh.jobs.index_attach --set model=tiny"
+    ):
+        search_check(check)
+    attached = index_attach(IndexAttachConfig(artifact_root=store.root, run_id="a1"))
+    assert attached["corpora"][CORPUS]["parts_loaded"] == 0, attached
+    assert search_check(check)["verdict"] == "PASS"
+
+
+def test_attached_to_another_postgresql_the_live_tables_are_loaded_there_and_searched(
+    world, pg_server, monkeypatch
+):
+    """An empty database elsewhere: the attach loads the live release's table from the
+    store (a run killed after its first part is finished by the next), with the change
+    set its old table held, indexes it and points the live view at it; the search CLI
+    answers from it."""
+    store = world
+    old = sorted(corpus_now(store))
+    land(store, "c1", change_set([UPSERT, DELETE], [10**9, old[0]], ["trail shoes", None]))
+    sync(store, "s1")
+    monkeypatch.setenv(INDEX_DSN_ENV, fresh_database(pg_server, "sync_elsewhere"))
+    # Killed right after its first part is in: the plain re-run loads the other two.
+    table = live_release(store, MODEL).corpus(CORPUS).table
+    point = f"2 db index/{table}/part-00000.parquet"
+    killed = run_job("index_attach", f"artifact_root={store.root}", "run_id=a0",
+                     env={FAULT_POINT: point})  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-1500:]
+    attached = index_attach(IndexAttachConfig(artifact_root=store.root, run_id="a1"))
+    assert attached["corpora"][CORPUS]["parts_loaded"] == 2, attached
+    assert attached["corpora"][CORPUS]["change_sets_applied_now"] == ["c1"]
+    assert sorted(table_rows(store)) == sorted([*old[1:], 10**9])
+    with open_index(store.root) as index:
+        assert index.live_table(MODEL, CORPUS) == live_release(store, MODEL).corpus(CORPUS).table
+    found = search(SearchConfig(artifact_root=store.root, query="trail shoes", k=3))
+    assert len(found["results"]) == 3
+    record = store.read_json(layout.index_location(MODEL, "r1"))
+    assert record["location"] == attached["location"] != record["loaded_at"][CORPUS]

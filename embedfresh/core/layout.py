@@ -16,6 +16,7 @@ All paths are relative to the root and built here only, so the layout has one ow
     models/{model}/registry.json                               live release pointer + history
     models/{model}/releases/{release}.json                     a release, immutable
     models/{model}/sync/{release}/{corpus}.json                its table's change sets applied
+    models/{model}/sync/{release}/_INDEX.json                  where its tables live now
     embeddings/{model}/{version}/{corpus}/part-*.parquet       + _MANIFEST.json last
 """
 
@@ -172,6 +173,12 @@ def sync_record(model: str, release_id: str, corpus_name: str) -> str:
         f"models/{safe_id(model, 'model')}/sync/{safe_id(release_id, 'release')}/"
         f"{safe_id(corpus_name, 'corpus')}.json"
     )
+
+
+def index_location(model: str, release_id: str) -> str:
+    """Where a release's tables live since ``index_attach`` re-attached or copied them
+    (the release document, immutable, keeps where they were loaded)."""
+    return f"models/{safe_id(model, 'model')}/sync/{safe_id(release_id, 'release')}/_INDEX.json"
 
 
 def embeddings_root(model: str) -> str:

@@ -273,6 +273,16 @@ def live_release(artifact_root: str | ArtifactStore, model: str) -> Release | No
     return production_release(store, model, doc)
 
 
+def table_location(store: ArtifactStore, release: Release, corpus: str) -> str | None:
+    """Where ``release``'s table of ``corpus`` lives: where ``index_attach`` last put it,
+    else where it was loaded (the release document's)."""
+    if release.release is not None:
+        rel = layout.index_location(release.model, release.release)
+        if store.exists(rel):
+            return store.read_json(rel).get("location")
+    return release.corpus(corpus).index.get("location")
+
+
 def releases_carrying(store: ArtifactStore, model: str, version: str, corpus: str) -> list[str]:
     """The kept releases (:func:`kept_releases`, ``$EMBEDFRESH_KEEP_RELEASES``) whose
     ``corpus`` embeddings are those of ``version``: a set that must not change."""

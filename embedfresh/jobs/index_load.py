@@ -37,11 +37,11 @@ from embedfresh.core import layout
 from embedfresh.core.changes import pending_changes
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import IndexLoadConfig
-from embedfresh.core.embedding_sets import id_type, read_embedding_set, read_part
+from embedfresh.core.embedding_sets import id_type, read_embedding_set
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.index import AnnSettings, TableSpec, open_index, table_name
+from embedfresh.core.index.load import load_parts
 from embedfresh.core.parquet import job_memory_pool, large_blocks_back_to_the_os
-from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
 from embedfresh.ml.embedding.sync import apply_pending
 
@@ -88,27 +88,7 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
     with open_index(cfg.artifact_root) as index:
         writing_elsewhere(store.root)  # the lease, before the first row
         index.prepare_table(spec)
-        loaded = index.loaded_shards(spec.name)
-        stale = {n: s for n, s in loaded.items() if eset.parts.get(n, {}).get("sha256") != s.sha256}
-        if stale:  # prepare_table accepted the manifest: a mismatch is a bug or a hand edit
-            raise BadInputError(
-                f"the ledger of {spec.name} records parts {sorted(stale)} with other contents "
-                f"than {eset.manifest_url}; nothing was changed"
-            )
-        todo = [n for n in eset.parts if n not in loaded]
-        pending_rows = sum(int(eset.parts[n]["rows"]) for n in todo)
-        if loaded:
-            log.info(
-                "%d of %d parts of %s already loaded into %s (the ledger): loading %d",
-                len(loaded), len(eset.parts), eset.manifest_url, spec.name, len(todo),
-            )  # fmt: skip
-        progress = Progress(f"loading {spec.name}", pending_rows, log=log)
-        for name in todo:  # one part in memory at a time: the loader's memory is flat
-            ids, vectors = read_part(store, eset, name)
-            index.load_shard(spec.name, name, eset.parts[name]["sha256"], ids, vectors)
-            progress.advance(len(ids))
-            del ids, vectors
-        load_seconds = progress.finish()
+        loaded, todo, pending_rows, load_seconds = load_parts(store, index, spec.name, eset, log)
         rows = index.count(spec.name)
         if rows != eset.rows and not index.applied_changes(spec.name):
             raise BadInputError(

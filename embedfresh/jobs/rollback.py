@@ -91,7 +91,9 @@ def _still_whole(store: ArtifactStore, cfg: RollbackConfig, target: Release) -> 
                 raise BadInputError(
                     f"cannot roll back to release {target.release}: its {corpus!r} table "
                     f"{entry.table} is not whole in {index.location} (a garbage collection "
-                    "with fewer kept releases?); production stays"
+                    "with fewer kept releases, or the index moved: python -m "
+                    f"embedfresh.jobs.index_attach --set model={cfg.model} --set "
+                    f"release={target.release} rebuilds it here); production stays"
                 )
 
 

@@ -53,7 +53,12 @@ from embedfresh.core.embedding_sets import (
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.index import VectorIndex, open_index
 from embedfresh.core.registry import Registry
-from embedfresh.core.releases import Release, production_release, read_release
+from embedfresh.core.releases import (
+    Release,
+    production_release,
+    read_release,
+    table_location,
+)
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.data.judgments import Judgments, read_judgments
 from embedfresh.ml.embedding.query import ReleaseEncoder
@@ -328,12 +333,14 @@ class Comparison:
 
     def _live_side(self) -> Side:
         live = self.baseline.corpus(self.cfg.corpus)
-        if live.index.get("location") != self.index.location:
+        where = table_location(self.store, self.baseline, self.cfg.corpus)
+        if where != self.index.location:
             raise BadInputError(
                 f"the live release {self.baseline.release} has its {self.cfg.corpus!r} table in "
-                f"{live.index.get('location')}, this run's index is {self.index.location}: the "
-                "search check compares both in one index; point this run at the live release's "
-                "index"
+                f"{where}, this run's index is {self.index.location}: the search check "
+                "compares both in one index; point this run at the live release's index, or "
+                "if the index moved (a moved store, a new DSN), attach the live release's "
+                f"tables here: python -m embedfresh.jobs.index_attach --set model={self.cfg.model}"
             )
         if live.table not in {t.name for t in self.index.tables(self.cfg.model)}:
             raise BadInputError(

@@ -295,6 +295,20 @@ class CorpusSyncConfig(JobConfig):
         return f"{job}-{self.corpus}"
 
 
+class IndexAttachConfig(JobConfig):
+    """Attaches a release's tables at this deployment's vector index: re-attached where
+    they are already (a moved store, a new DSN to the same data), else loaded there from
+    the store (another PostgreSQL)."""
+
+    release: str | None = None
+    """The release; default: the live one (whose live views are switched here too)."""
+
+    @field_validator("release")
+    @classmethod
+    def _segment(cls, v: str | None) -> str | None:
+        return None if v is None else safe_id(v, "release")
+
+
 class CorpusDiffConfig(JobConfig):
     """Turns a full snapshot of a corpus into the change set that takes the corpus (its
     snapshot and change sets so far) to it (docs/SEARCH.md "Corpus changes")."""
