@@ -218,6 +218,9 @@ class ReleaseOperator(_AnnouncesRelease):
 
     :param corpora: the corpora released with the model (templated: a list, or a JSON
         list as a string, e.g. ``"{{ params.corpora | tojson }}"``).
+    :param drop_corpora: corpora of the live release this release does not carry (their
+        live views are dropped); the job refuses a live corpus in neither list
+        (templated, as ``corpora``; empty by default).
     :param version: the model version; empty: the run id (templated).
     :param action: ``promote`` or ``promote_anyway`` (templated).
     :param reason: why (``promote_anyway``) (templated).
@@ -234,13 +237,15 @@ class ReleaseOperator(_AnnouncesRelease):
 
     job_name = "release"
     template_fields: Sequence[str] = (
-        *EmbedfreshJobOperator.template_fields, "corpora", "version", "action", "reason", "who",
+        *EmbedfreshJobOperator.template_fields, "corpora", "drop_corpora", "version", "action",
+        "reason", "who",
     )  # fmt: skip
 
     def __init__(
         self,
         *,
         corpora: Sequence[str] | str = ("products",),
+        drop_corpora: Sequence[str] | str = (),
         version: str = "",
         action: str = "promote",
         reason: str = "",
@@ -253,6 +258,9 @@ class ReleaseOperator(_AnnouncesRelease):
         self.approval = approval
         # A list, a template, or an XCom of a list: parsed when the job spec is built.
         self.corpora = list(corpora) if isinstance(corpora, list | tuple) else corpora
+        self.drop_corpora = (
+            list(drop_corpora) if isinstance(drop_corpora, list | tuple) else drop_corpora
+        )
         self.version = version
         self.action = action
         self.reason = reason
@@ -291,6 +299,8 @@ class ReleaseOperator(_AnnouncesRelease):
 
     def job_specific_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"corpora": corpora_list(self.corpora), "action": self.action}
+        if self.drop_corpora:
+            settings["drop_corpora"] = corpora_list(self.drop_corpora)
         if self.gate:
             settings["gate_report"] = gate_report_name(self.gate)
         if self.version:

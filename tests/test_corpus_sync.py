@@ -82,7 +82,7 @@ def change_set(ops: list[str], ids: list, text: list[str | None]) -> bytes:
         pa.table(
             {
                 "op": pa.array(ops, pa.string()),
-                "id": pa.array(ids),
+                "id": ids if isinstance(ids, pa.Array) else pa.array(ids),
                 "text": pa.array(text, pa.string()),
             }
         )
@@ -263,6 +263,12 @@ def test_a_change_set_changed_after_it_was_applied_exits_2_and_the_command_says_
     assert done.returncode == ExitCode.BAD_INPUT, done.stderr
     assert "changes/c1.parquet was applied to" in done.stderr
     assert "land the correction as a new change set" in done.stderr
+    # One that lands late and sorts before what the table holds is refused, not applied
+    # out of the corpus's order.
+    land(world, "c1", change_set([DELETE], [0], [None]))
+    land(world, "b1", change_set([DELETE], [1], [None]))
+    with pytest.raises(BadInputError, match="b1.parquet sorts before c1"):
+        sync(world, "s3")
 
 
 def first_vectors(store: ArtifactStore, version: str) -> dict:
@@ -346,14 +352,24 @@ def test_readers_of_the_registry_and_of_the_view_never_see_a_model_with_another_
         wait_for(len(seen) + 5)
         assert seen[-1] == ("v2", "v1")  # the kill's window: each reader still whole
         repaired = sync(store, "s1")
-        assert repaired["view_repaired"] is True
+        assert repaired["view_repaired"] == "switched"
         wait_for(len(seen) + 5)
     finally:
         stop.set()
         reader.join()
     assert not errors, errors[:3]
     assert seen[0] == ("v1", "v1") and seen[-1] == ("v2", "v2")
-    assert sync(store, "s2")["view_repaired"] is False
+    assert sync(store, "s2")["view_repaired"] is None
+    # The repair's compare-and-swap: a switch in between, even one that changed nothing
+    # (a rollback to what is live), makes a repair that read the state before it a no-op.
+    with open_index(store.root) as index:
+        before = index.live_state(MODEL, CORPUS)
+        assert index.switch_live(MODEL, CORPUS, before[0]) is False
+        assert index.live_state(MODEL, CORPUS)[0] == before[0]
+        assert index.live_state(MODEL, CORPUS)[1] != before[1]
+        r1 = table_name(MODEL, "r1", CORPUS)
+        assert index.switch_live(MODEL, CORPUS, r1, only_from=before) is False
+        assert index.live_state(MODEL, CORPUS)[0] == before[0]
 
 
 def test_a_refresh_while_the_corpus_moves_releases_the_corpus_at_the_last_watermark(world):
@@ -398,10 +414,11 @@ def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_pla
     record. (Its store writes are every job's: the fault-point matrix kills those.)"""
     store = world
     old = sorted(corpus_now(store))
+    land(store, "b0", change_set([], pa.array([], pa.int64()), []))  # empty: applied, no-op
     land(store, "c1", change_set([UPSERT, DELETE], [10**9, old[0]], ["added", None]))
     table = live_release(store, MODEL).corpus(CORPUS).table
     sets = [f"artifact_root={store.root}", "run_id=s1"]
-    point = f"2 db index/{table}/changes/c1"
+    point = f"3 db index/{table}/changes/c1"
     killed = run_job("corpus_sync", *sets, env={FAULT_POINT: point})
     assert killed.returncode == -9, killed.stderr[-1500:]
     assert not store.exists(layout.sync_record(MODEL, "r1", CORPUS))
@@ -409,6 +426,9 @@ def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_pla
     assert done.returncode == 0, done.stderr[-1500:]
     record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
     assert record["watermark"] == "c1" and record["rows"] == 600
+    assert [(c["name"], c["upserts"], c["deletes"]) for c in record["change_sets"]] == [
+        ("b0", 0, 0), ("c1", 1, 1),
+    ]  # fmt: skip
     assert sorted(table_rows(store)) == sorted([*old[1:], 10**9])
 
 
@@ -437,6 +457,15 @@ def test_a_release_that_leaves_out_a_live_corpus_is_refused_unless_it_drops_it(w
             "SELECT to_regclass(%s)", (f'embedfresh."{live_view_name(MODEL, CORPUS)}"',)
         ).fetchone()[0]
     assert view is None
+    # A drop killed after the registry moved left the view: the next sync drops it, and
+    # a landing for the corpus the live release no longer carries is no failure.
+    with open_index(store.root) as index:
+        index.switch_live(MODEL, CORPUS, table_name(MODEL, "r1", CORPUS))
+    land(store, "c1", change_set([DELETE], [0], [None]))
+    synced = sync(store, "s1")
+    assert synced["view_repaired"] == "dropped" and synced["table"] is None, synced
+    with open_index(store.root) as index:
+        assert index.live_table(MODEL, CORPUS) is None
 
 
 def test_a_full_snapshot_is_diffed_into_the_change_set_that_reaches_it(tmp_path):
@@ -470,6 +499,10 @@ def test_a_full_snapshot_is_diffed_into_the_change_set_that_reaches_it(tmp_path)
     first = store.read_bytes(layout.change_set("skus", "s2"))
     assert corpus_diff(cfg)["upserts"] == 2
     assert store.read_bytes(layout.change_set("skus", "s2")) == first
+    # A change set named after the snapshot: its diff would apply after it, refused.
+    store.write_bytes(layout.change_set("skus", "z9"), change_set([DELETE], ["sku-α"], [None]))
+    with pytest.raises(BadInputError, match=r"\['z9'\] of corpus 'skus' sort after snapshot"):
+        corpus_diff(cfg)
 
 
 def test_after_the_index_moved_the_check_names_the_command_and_the_attach_mends_it(
@@ -529,3 +562,33 @@ def test_attached_to_another_postgresql_the_live_tables_are_loaded_there_and_sea
     assert len(found["results"]) == 3
     record = store.read_json(layout.index_location(MODEL, "r1"))
     assert record["location"] == attached["location"] != record["loaded_at"][CORPUS]
+
+
+def test_a_store_copied_to_another_folder_refreshes_and_searches_after_the_attach(
+    data_template, tmp_path, monkeypatch
+):
+    """The embedded default: release r1 with its index under the store's folder; the
+    store copied elsewhere (its index with it) makes the next refresh's search check
+    refuse, naming the command; after it the check passes and the search CLI answers."""
+    monkeypatch.delenv(INDEX_DSN_ENV, raising=False)
+    first = tmp_path / "first"
+    shutil.copytree(data_template, first)
+    promote_initial_version(f"file://{first}", "v1")
+    release_run(f"file://{first}", "r1", version="v1", regression="report")
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved)
+    store = ArtifactStore(f"file://{moved}")
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
+    embed(EmbedConfig(**common, corpus=CORPUS))
+    verify(EmbedConfig(**common, corpus=CORPUS))
+    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    check = SearchCheckConfig(**common, corpus=CORPUS, regression="report")
+    with pytest.raises(BadInputError, match=r"embedded:.*first.*index_attach --set model=tiny"):
+        search_check(check)
+    done = run_job("index_attach", f"artifact_root={store.root}", "run_id=a1")
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert search_check(check)["verdict"] == "PASS"
+    found = search(SearchConfig(artifact_root=store.root, query="red running shoes", k=3))
+    assert found["release"] == "r1" and len(found["results"]) == 3

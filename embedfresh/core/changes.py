@@ -91,7 +91,7 @@ def read_change_set(store: ArtifactStore, corpus: str, name: str, id_type: str) 
             "one operation per id in a change set"
         )
     upsert = op == UPSERT
-    empty = np.flatnonzero(upsert & np.asarray([not t for t in text]))
+    empty = np.flatnonzero(upsert & np.asarray([not t for t in text], dtype=bool))
     if len(empty):
         raise BadInputError(
             f"change set {url}: column text is {'null' if text[empty[0]] is None else 'empty'} "
@@ -156,9 +156,17 @@ def pending_changes(
     """
     applied = index.applied_changes(table)
     names = change_set_names(store, corpus)
+    last = max(applied, default="")
     out = []
     for name in names:
         if name not in applied:
+            if name < last:
+                raise BadInputError(
+                    f"change set {store.url(layout.change_set(corpus, name))} sorts before "
+                    f"{last}, which {table} holds already: applied now, it would not apply in "
+                    "the corpus's order; land it again under a name after the last one "
+                    "(change sets sort by name, in landing order)"
+                )
             out.append(read_change_set(store, corpus, name, id_type))
             continue
         rel = layout.change_set(corpus, name)
@@ -182,6 +190,12 @@ def ids_after(
     applied on top of the snapshot's ``ids``: what a synced table must hold."""
     current = set(ids.tolist())
     for name in sorted(names):
+        if not store.exists(layout.change_set(corpus, name)):
+            raise BadInputError(
+                f"change set {store.url(layout.change_set(corpus, name))}, which the table "
+                "holds, is no longer in the store: the table's ids cannot be checked against "
+                "the corpus; load the table again (index_load) from the corpus as it is now"
+            )
         change = read_change_set(store, corpus, name, id_type)
         current.difference_update(change.delete_ids.tolist())
         current.update(change.upsert_ids.tolist())

@@ -3,7 +3,8 @@
 For a producer that writes full snapshots rather than change sets: the new snapshot
 (``corpora/{corpus}/snapshots/{snapshot}/part-NNNNN.parquet``, the corpus's own schema)
 is compared with the corpus as it stands (its snapshot with every change set applied,
-in order), and the difference lands as one change set, ``corpora/{corpus}/changes/
+in order; a change set named after the snapshot is refused, so a re-run computes the
+same difference), and the difference lands as one change set, ``corpora/{corpus}/changes/
 {snapshot}.parquet``: an upsert for every id that is new or whose text changed, a delete
 for every id that is gone. Then update the corpus's Asset; ``corpus_sync`` applies it.
 
@@ -46,7 +47,15 @@ def corpus_diff(cfg: CorpusDiffConfig) -> dict[str, Any]:
             f"snapshot {store.url(snapshot_dir)} has {'int64' if kind == 'string' else 'string'} "
             f"ids, corpus {cfg.corpus!r} has {kind} ids"
         )
-    for name in change_set_names(store, cfg.corpus):
+    names = change_set_names(store, cfg.corpus)
+    later = [n for n in names if n > cfg.snapshot]
+    if later:
+        raise BadInputError(
+            f"change sets {later[:5]} of corpus {cfg.corpus!r} sort after snapshot "
+            f"{cfg.snapshot!r}: its change set would apply after them; name the snapshot "
+            "after the last change set (a UTC time)"
+        )
+    for name in names:
         if name == cfg.snapshot:
             continue  # this snapshot's own change set, landed by an earlier attempt
         change = read_change_set(store, cfg.corpus, name, kind)

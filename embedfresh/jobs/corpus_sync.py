@@ -4,11 +4,12 @@ Brings a release's table up to date with its corpus's change sets
 (:mod:`embedfresh.core.changes`), so a document added today is found today and one
 removed today is not, without waiting for the next release. In order:
 
-1. the release (the live one, or ``release``) and its table for the corpus; the change
+1. the release (the live one, or ``release``) and its table for the corpus (a live
+   release that does not carry the corpus, or none yet: nothing to sync, exit 0); the change
    sets the table's ledger lacks, every one read and validated before the first write
    (a bad one: exit 2, naming the file, the column and the row; nothing applied). A
    change set whose bytes differ from those the ledger recorded is refused the same way:
-   change sets are immutable;
+   change sets are immutable; so is one that sorts before a change set the table holds;
 2. the upserted texts embedded by the release's own encoder
    (:class:`~embedfresh.ml.embedding.query.ReleaseEncoder`: its version, truncation,
    pooling, prompt and fast mode, int8 calibrated on the same texts), so a new row is
@@ -30,15 +31,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from embedfresh.core import layout
-from embedfresh.core.changes import pending_changes
+from embedfresh.core.changes import ChangeSet, pending_changes
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import CorpusSyncConfig
 from embedfresh.core.embedding_sets import id_type, read_embedding_set
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.index import VectorIndex, open_index
+from embedfresh.core.index import AppliedChange, VectorIndex, open_index
 from embedfresh.core.releases import Release, live_release, read_release
 from embedfresh.core.storage import ArtifactStore, writing_elsewhere
 from embedfresh.ml.embedding.sync import apply_pending
@@ -50,91 +52,126 @@ def corpus_sync(cfg: CorpusSyncConfig) -> dict[str, Any]:
     """Apply the corpus's pending change sets to the release's table."""
     store = ArtifactStore(cfg.artifact_root)
     release = _release(store, cfg)
-    entry = release.corpus(cfg.corpus)
+    carried = release is not None and cfg.corpus in release.corpora
     with open_index(cfg.artifact_root) as index:
-        eset = read_embedding_set(store, cfg.model, release.version, cfg.corpus)
-        pending = pending_changes(store, index, entry.table, cfg.corpus, id_type(store, eset))
-        if pending:
-            writing_elsewhere(store.root)  # the lease, before the first row
-        else:
-            log.info("table %s holds every change set of %s: nothing to apply", entry.table,
-                     cfg.corpus)  # fmt: skip
-        truncated = apply_pending(store, index, entry.table, pending, model=cfg.model,
-                                  version=release.version, corpus=cfg.corpus,
-                                  settings=entry.settings)  # fmt: skip
-        applied = index.applied_changes(entry.table)
-        rows = index.count(entry.table)
-        repaired = cfg.release is None and _view_follows(store, index, cfg, release)
+        done = _sync(store, index, cfg, release) if carried else _Synced()
+        view = _view_follows(store, index, cfg, release) if cfg.release is None else None
+    if not carried:
+        log.info("%s: nothing to sync", _no_table(cfg, release))
     record = {
         "model": cfg.model,
-        "release": release.release,
-        "version": release.version,
+        "release": None if release is None else release.release,
+        "version": None if release is None else release.version,
         "corpus": cfg.corpus,
-        "table": entry.table,
-        "watermark": max(applied, default=None),
-        "rows": rows,
-        "change_sets": [vars(a) for a in applied.values()],
+        "table": done.table,
+        "watermark": max(done.applied, default=None),
+        "rows": done.rows,
+        "change_sets": [vars(a) for a in done.applied.values()],
     }
-    store.write_json(layout.sync_record(cfg.model, release.release, cfg.corpus), record)
+    if carried:
+        store.write_json(layout.sync_record(cfg.model, release.release, cfg.corpus), record)
     report = {
         "status": "ok",
         **record,
         # This attempt's work (a re-run after a kill does only what was left):
-        "applied_now": [c.name for c in pending],
-        "upserts_now": sum(len(c.upsert_ids) for c in pending),
-        "deletes_now": sum(len(c.delete_ids) for c in pending),
-        "truncated_now": truncated,
-        "view_repaired": repaired,
+        "applied_now": [c.name for c in done.pending],
+        "upserts_now": sum(len(c.upsert_ids) for c in done.pending),
+        "deletes_now": sum(len(c.delete_ids) for c in done.pending),
+        "truncated_now": done.truncated,
+        "view_repaired": view,
         "synced_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     rel = layout.report(cfg.model, cfg.run_id, f"sync-{cfg.corpus}")
     store.write_json(rel, report)
     keys = ("status", "release", "table", "watermark", "rows", "upserts_now", "deletes_now",
             "truncated_now", "view_repaired")  # fmt: skip
-    return {k: report[k] for k in keys} | {"applied_now": len(pending), "report": store.url(rel)}
+    return {k: report[k] for k in keys} | {
+        "applied_now": len(done.pending),
+        "report": store.url(rel),
+    }
 
 
-def _release(store: ArtifactStore, cfg: CorpusSyncConfig) -> Release:
-    """The release synced (the live one by default), which must carry the corpus."""
-    if cfg.release is None:
-        release = live_release(store, cfg.model)
-        if release is None or release.bare:
-            raise BadInputError(
-                f"model {cfg.model} has no live release with corpus tables in {store.url()}: "
-                "nothing to sync (a refresh releases one)"
-            )
+@dataclass
+class _Synced:
+    """What a sync did to a table (nothing, when the release carries no such table)."""
+
+    table: str | None = None
+    pending: list[ChangeSet] = field(default_factory=list)
+    truncated: int = 0
+    applied: dict[str, AppliedChange] = field(default_factory=dict)
+    rows: int = 0
+
+
+def _sync(
+    store: ArtifactStore, index: VectorIndex, cfg: CorpusSyncConfig, release: Release
+) -> _Synced:
+    """The release's table of the corpus, caught up with its change sets."""
+    entry = release.corpus(cfg.corpus)
+    eset = read_embedding_set(store, cfg.model, release.version, cfg.corpus)
+    pending = pending_changes(store, index, entry.table, cfg.corpus, id_type(store, eset))
+    if pending:
+        writing_elsewhere(store.root)  # the lease, before the first row
     else:
-        release = read_release(store, cfg.model, cfg.release)
+        log.info("table %s holds every change set of %s: nothing to apply", entry.table,
+                 cfg.corpus)  # fmt: skip
+    truncated = apply_pending(store, index, entry.table, pending, model=cfg.model,
+                              version=release.version, corpus=cfg.corpus,
+                              settings=entry.settings)  # fmt: skip
+    applied = index.applied_changes(entry.table)
+    return _Synced(entry.table, pending, truncated, applied, index.count(entry.table))
+
+
+def _release(store: ArtifactStore, cfg: CorpusSyncConfig) -> Release | None:
+    """The release synced: the live one (None before the first release), or the one
+    named, which must carry the corpus."""
+    if cfg.release is None:
+        return live_release(store, cfg.model)
+    release = read_release(store, cfg.model, cfg.release)
     if cfg.corpus not in release.corpora:
-        raise BadInputError(
-            f"release {release.release} of {cfg.model} carries corpora "
-            f"{sorted(release.corpora) or 'none'}, not {cfg.corpus!r}: nothing to sync"
-        )
+        raise BadInputError(f"{_no_table(cfg, release)}: nothing to sync")
     return release
 
 
+def _no_table(cfg: CorpusSyncConfig, release: Release | None) -> str:
+    if release is None:
+        return f"model {cfg.model} has no live release"
+    return (
+        f"release {release.release} of {cfg.model} carries corpora "
+        f"{sorted(release.corpora) or 'none'}, not {cfg.corpus!r}"
+    )
+
+
 def _view_follows(
-    store: ArtifactStore, index: VectorIndex, cfg: CorpusSyncConfig, release: Release
-) -> bool:
-    """The live view reads the live release's table (the store's record is the truth):
-    a release or rollback killed between its compare-and-swap and its view switch left it
-    on the previous one. Switched only if the release is still live after the view was
-    read, and only from the table read, so a newer release's own switch is never undone."""
-    table = release.corpus(cfg.corpus).table
-    current = index.live_table(cfg.model, cfg.corpus)
-    if current == table:
-        return False
+    store: ArtifactStore, index: VectorIndex, cfg: CorpusSyncConfig, release: Release | None
+) -> str | None:
+    """The live view follows the live release (the store's record is the truth): it
+    reads the release's table, or there is none when the release does not carry the
+    corpus. A release or rollback killed between its registry move and its view switch
+    left it behind; so does a view made before views named their version. Repaired by a
+    compare-and-swap on the view's state read before the registry (a newer release's or
+    rollback's own switch, even one that changed nothing, moves that state: it is never
+    undone). ``switched``, ``dropped`` or None."""
+    if release is None:
+        return None
+    table = release.corpus(cfg.corpus).table if cfg.corpus in release.corpora else None
+    state = index.live_state(cfg.model, cfg.corpus)
     still = live_release(store, cfg.model)
-    if still is None or still.release != release.release:
-        return False
-    if not index.switch_live(cfg.model, cfg.corpus, table, only_from=current):
-        return False
+    if still is None or still.release != release.release or (table is None and state[0] is None):
+        return None
+    if table is None:
+        moved = index.drop_live(cfg.model, cfg.corpus, only_from=state)
+    else:
+        moved = index.switch_live(cfg.model, cfg.corpus, table, only_from=state)
+    if not moved:
+        return None
     log.warning(
-        "the live view of %s %s read %s, the live release %s names %s: switched (a release "
-        "or rollback was stopped between its registry move and its view switch)",
-        cfg.model, cfg.corpus, current, release.release, table,
+        "the live view of %s %s read %s, the live release %s %s: %s (a release or rollback "
+        "was stopped between its registry move and its view switch, or the view predates "
+        "its version column)",
+        cfg.model, cfg.corpus, state[0], release.release,
+        f"names {table}" if table else "does not carry it", "switched" if table else "dropped",
     )  # fmt: skip
-    return True
+    return "switched" if table else "dropped"
 
 
 if __name__ == "__main__":

@@ -294,8 +294,6 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
     report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
     fast_gate = None
     if cfg.quantize != "none":
-        if calibration is not None and todo:
-            _copy_calibration(store, out_dir, calibration, settings)
         model, fast_gate = _fast_mode_or_refuse(
             cfg, store, model, backend, tokenizer, lengths, calibration, bool(todo)
         )
@@ -330,6 +328,8 @@ def _embed(cfg: EmbedConfig) -> dict[str, Any]:
                 )
                 + f" (report: {store.url(report_rel)})"
             )
+        if calibration is not None and todo:  # gate passed: the set's first write
+            _copy_calibration(store, out_dir, calibration, settings)
     packed = uses_packed(model, backend, cfg.packed)  # the fast mode's, if any
     compiled = _compiled_forward(cfg, model, backend, version_marker, lengths) if todo else None
     if todo and store.exists(f"{out_dir}/{MANIFEST}"):

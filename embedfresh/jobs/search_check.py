@@ -245,6 +245,8 @@ class Side:
         encoder: ReleaseEncoder,
     ) -> None:
         self.store, self.index, self.eset, self.table = store, index, eset, table
+        # A table caught up with change sets holds vectors its embedding set does not.
+        self.synced = bool(index.applied_changes(table))
         self.ef_search = max(ef_search or 0, DEPTH)  # HNSW returns at most ef_search rows
         self.encoder = encoder
         self.latency: list[np.ndarray] = []
@@ -257,7 +259,11 @@ class Side:
         judged_scores = None
         if not part.complete:  # the condensed list: the judged documents by cosine
             docs = part.documents()
-            vec = vectors_of(self.store, self.eset, docs)
+            vec = (
+                self.index.vectors(self.table, docs)
+                if self.synced
+                else vectors_of(self.store, self.eset, docs)
+            )
             judged_scores = [
                 vec[np.searchsorted(docs, part.of(i)[0])] @ q[i] for i in range(len(part))
             ]

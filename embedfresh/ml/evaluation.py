@@ -47,7 +47,13 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
 from embedfresh.ml.data.judgments import Judgments, read_judgments
 from embedfresh.ml.data.reader import Examples, read_eval
-from embedfresh.ml.embedding.query import ReleaseEncoder, TextEncoder, vector_settings
+from embedfresh.ml.embedding.query import (
+    ReleaseEncoder,
+    TextEncoder,
+    calibration_digest,
+    calibration_texts,
+    vector_settings,
+)
 from embedfresh.ml.gate.stats import metric_value
 from embedfresh.ml.inference import score
 from embedfresh.ml.model import versions
@@ -284,10 +290,16 @@ class VersionEval:
         if searcher is None or searcher.corpus != corpus_of(store, cfg.dataset, cfg.corpus):
             searcher = Searcher.load(store, cfg.dataset, cfg.corpus)
         max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
-        first = min(corpus_shards(store, searcher.corpus))
-        settings = vector_settings(
-            spec, max_length, cfg.quantize, backend.name, layout.part_name(first)
-        )
+        first = layout.part_name(min(corpus_shards(store, searcher.corpus)))
+        # int8 pins the texts it is calibrated on, as the embed job does (its set's
+        # settings then equal these, and its vectors are served).
+        pinned = None
+        if cfg.quantize == "int8":
+            texts = calibration_texts(
+                store, f"{layout.corpus(searcher.corpus)}/{first}", spec.prompt("document")
+            )
+            pinned = calibration_digest(texts)
+        settings = vector_settings(spec, max_length, cfg.quantize, backend.name, first, pinned)
         encoder = ReleaseEncoder(
             store, cfg.model, cfg.target_version, searcher.corpus, settings, backend
         )

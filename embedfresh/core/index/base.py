@@ -55,8 +55,9 @@ def table_name(model: str, release: str, corpus: str) -> str:
     return name
 
 
-#: :meth:`VectorIndex.switch_live`'s ``only_from`` when the view may read any table now.
-ANY = "*"
+#: A live view's state: the table it reads (None: no view) and its generation, which
+#: every switch moves (:meth:`VectorIndex.switch_live`).
+LiveState = tuple[str | None, int]
 
 
 def live_view_name(model: str, corpus: str) -> str:
@@ -211,6 +212,12 @@ class VectorIndex(abc.ABC):
         order: what an exact search over the table reads."""
 
     @abc.abstractmethod
+    def vectors(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """The vectors of ``ids`` in ``table``, in their order.
+
+        :raises BadInputError: an id the table does not hold."""
+
+    @abc.abstractmethod
     def missing_ids(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Those of ``ids`` that ``table`` does not hold."""
 
@@ -221,15 +228,22 @@ class VectorIndex(abc.ABC):
         """Approximate top-``k`` ids by cosine distance for each row of ``queries``."""
 
     @abc.abstractmethod
-    def switch_live(self, model: str, corpus: str, table: str, only_from: str | None = ANY) -> bool:
+    def switch_live(
+        self, model: str, corpus: str, table: str, only_from: LiveState | None = None
+    ) -> bool:
         """Point the live view of ``model`` and ``corpus`` at ``table``; True when it moved.
-        ``only_from``: move it only if it reads that table now (None: if there is no live
-        view), a compare-and-swap for a repair that must not undo a newer switch."""
+        Every call, even one that changes nothing, moves the view's generation.
+        ``only_from``: move it only if :meth:`live_state` still reads that (a
+        compare-and-swap for a repair that must never undo a newer switch)."""
 
     @abc.abstractmethod
-    def drop_live(self, model: str, corpus: str) -> bool:
+    def drop_live(self, model: str, corpus: str, only_from: LiveState | None = None) -> bool:
         """Drop the live view of ``model`` and ``corpus`` (its table stays); True when
-        there was one."""
+        there was one. ``only_from`` as :meth:`switch_live`'s."""
+
+    @abc.abstractmethod
+    def live_state(self, model: str, corpus: str) -> LiveState:
+        """The table the live view reads (None: no view) and its generation."""
 
     @abc.abstractmethod
     def live_table(self, model: str, corpus: str) -> str | None:

