@@ -151,6 +151,20 @@ def sync(store: ArtifactStore, run_id: str) -> dict:
     )
 
 
+def candidate(store: ArtifactStore, *, load: bool = True) -> dict:
+    """Run r2's candidate, version v2 (the tiny model, another init), published and its
+    products embedded and verified (and, with ``load``, loaded into the index): the
+    jobs' common settings."""
+    spec = get_spec("tiny")
+    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
+    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
+    embed(EmbedConfig(**common, corpus=CORPUS))
+    verify(EmbedConfig(**common, corpus=CORPUS))
+    if load:
+        index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    return common
+
+
 def test_a_landing_leaves_the_table_equal_to_a_from_scratch_embed_at_the_watermark(world):
     store = world
     corpus = corpus_now(store)
@@ -285,12 +299,7 @@ def test_readers_of_the_registry_and_of_the_view_never_see_a_model_with_another_
     the live view (whose rows name their version) throughout. Each always finds the
     vectors of the model it names; the corpus sync then repairs the view."""
     store = world
-    spec = get_spec("tiny")
-    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
-    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
-    embed(EmbedConfig(**common, corpus=CORPUS))
-    verify(EmbedConfig(**common, corpus=CORPUS))
-    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    common = candidate(store)
     search_check(SearchCheckConfig(**common, corpus=CORPUS, regression="report"))
     write_pass_gate(store, MODEL, "r2", "v2")
     truth = {v: first_vectors(store, v) for v in ("v1", "v2")}
@@ -380,11 +389,7 @@ def test_a_refresh_while_the_corpus_moves_releases_the_corpus_at_the_last_waterm
     snapshot = corpus_now(store)
     old = sorted(snapshot)
     land(store, "a", change_set([UPSERT, DELETE], [10**9, old[0]], ["added by a", None]))
-    spec = get_spec("tiny")
-    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
-    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
-    embed(EmbedConfig(**common, corpus=CORPUS))
-    verify(EmbedConfig(**common, corpus=CORPUS))
+    common = candidate(store, load=False)
     land(store, "b", change_set([UPSERT, UPSERT], [old[1], 10**9 + 1], ["b's title", "new in b"]))
     loaded = index_load(IndexLoadConfig(**common, corpus=CORPUS))
     report = store.read_json(loaded["report"].removeprefix(store.root + "/"))
@@ -518,12 +523,7 @@ def test_after_the_index_moved_the_check_names_the_command_and_the_attach_mends_
         admin.execute(f"DROP DATABASE IF EXISTS {moved} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {moved} TEMPLATE {name}")
     monkeypatch.setenv(INDEX_DSN_ENV, database_url(pg_server, moved))
-    spec = get_spec("tiny")
-    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
-    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
-    embed(EmbedConfig(**common, corpus=CORPUS))
-    verify(EmbedConfig(**common, corpus=CORPUS))
-    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    common = candidate(store)
     check = SearchCheckConfig(**common, corpus=CORPUS, regression="report")
     with pytest.raises(
         BadInputError, match="python -m embedfresh.jobs.index_attach --set model=tiny"
@@ -578,12 +578,7 @@ def test_a_store_copied_to_another_folder_refreshes_and_searches_after_the_attac
     moved = tmp_path / "moved"
     shutil.copytree(first, moved)
     store = ArtifactStore(f"file://{moved}")
-    spec = get_spec("tiny")
-    versions.publish(store, spec, "v2", cpu_state_dict(versions.build_model(spec, 1)), {})
-    common = {"artifact_root": store.root, "model": MODEL, "run_id": "r2", "version": "v2"}
-    embed(EmbedConfig(**common, corpus=CORPUS))
-    verify(EmbedConfig(**common, corpus=CORPUS))
-    index_load(IndexLoadConfig(**common, corpus=CORPUS))
+    common = candidate(store)
     check = SearchCheckConfig(**common, corpus=CORPUS, regression="report")
     with pytest.raises(BadInputError, match=r"embedded:.*first.*index_attach --set model=tiny"):
         search_check(check)
