@@ -179,322 +179,346 @@ def embed(cfg: EmbedConfig) -> dict[str, Any]:
 
 
 def _embed(cfg: EmbedConfig) -> dict[str, Any]:
-    from embedfresh.ml.backends import get_backend, resolve_name
-    from embedfresh.ml.model import versions
+    # Store, model version, shards, settings and what is reused: every check of the
+    # input passes before the first write.
+    run = EmbedRun.plan(cfg)
+    if cfg.mode == "plan":
+        return _write_plan(run.store, cfg, run.out_dir, run.status, run.started)
+    # The model on its device, behind the fast mode's gate when one is asked for (a
+    # refusal writes its report and nothing else), then one shard after another, each
+    # part published with its commit marker.
+    run.load_model()
+    run.embed_shards()
+    report = run.report()
+    run.store.write_json(run.report_rel, report)
+    return run.summary()
 
-    started = time.perf_counter()
-    store = ArtifactStore(cfg.artifact_root)
-    # An array child reads its plan and picks its slice first: a wrong index or plan
-    # fails (exit 2) before the model is loaded or anything is written.
-    child_plan = _child_plan(store, cfg) if cfg.plan and cfg.mode == "embed" else None
-    backend = get_backend(cfg.backend) if cfg.mode == "embed" else None
-    version = versions.load(store, cfg.model, cfg.version)
-    spec = version.spec
-    hidden = spec.embedding_dim
-    max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
-    lengths = padded_lengths(cfg.lengths, max_length)
-    version_marker = versions.is_committed(store, cfg.model, cfg.version) or {}
 
-    corpus_dir = layout.corpus(cfg.corpus)
-    out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
-    if child_plan is not None:
-        # The planner listed the corpus once; a child names its own shards (10,000
-        # children listing 100,000 names each would be 1M LIST requests).
-        wanted = child_plan.slice(int(cfg.array_index or 0))
-        available = {i: layout.part_name(i) for i in wanted}
-    else:
-        available = corpus_shards(store, cfg.corpus)
-        wanted = list(available) if cfg.shards is None else cfg.shards
-    # int8 is calibrated on the corpus's first shard, whatever this task embeds: every
-    # task, array child and re-run after a kill then builds the same int8 model, so the
-    # parts of one output never come from two calibrations.
-    if child_plan is not None:
-        calibration_shard = min(child_plan.shards + child_plan.reused)
-    else:
-        calibration_shard = min(available)
-    unknown = [i for i in wanted if i not in available]
-    if unknown:
-        raise BadInputError(
-            f"shards {unknown} do not exist in corpus {store.url(corpus_dir)} "
-            f"(it has {len(available)} shards: {list(available)[:10]}...)"
+class EmbedRun:
+    """One embed task: its plan (:meth:`plan`), its model (:meth:`load_model`), its
+    shards (:meth:`embed_shards`) and its report (:meth:`report`)."""
+
+    def __init__(self, cfg: EmbedConfig) -> None:
+        from embedfresh.ml.backends import get_backend
+        from embedfresh.ml.model import versions
+
+        self.cfg, self.started = cfg, time.perf_counter()
+        self.store = ArtifactStore(cfg.artifact_root)
+        # An array child reads its plan and picks its slice first: a wrong index or plan
+        # fails (exit 2) before the model is loaded or anything is written.
+        self.child_plan = _child_plan(self.store, cfg) if cfg.plan and cfg.mode == "embed" else None
+        self.backend = get_backend(cfg.backend) if cfg.mode == "embed" else None
+        self.version = versions.load(self.store, cfg.model, cfg.version)
+        self.spec = self.version.spec
+        self.hidden = self.spec.embedding_dim
+        self.max_length = self.spec.check_embedding_length(
+            cfg.max_length or self.spec.embedding_max_length
         )
+        self.lengths = padded_lengths(cfg.lengths, self.max_length)
+        self.version_marker = versions.is_committed(self.store, cfg.model, cfg.version) or {}
+        self.corpus_dir = layout.corpus(cfg.corpus)
+        self.out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
+        self.report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
+        self.totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
+        self.truncated_per_shard: dict[int, int] = {}
+        self.embed_seconds = 0.0
+        self.stats = EncodeStats()
+        self.done: list[int] = []
+        self.fast_gate: dict[str, Any] | None = None
+        self.compiled: Any = None
+        self.packed = False
 
-    # The texts int8 is calibrated on, pinned by their sha256 in every part's settings
-    # and copied beside the parts (the release's query encoder reads the copy).
-    calibration = (
-        calibration_texts(store, f"{corpus_dir}/{layout.part_name(calibration_shard)}",
-                          spec.prompt("document"))
-        if cfg.quantize == "int8" else None
-    )  # fmt: skip
-    # The planner names the backend without building it: it may plan on a host without
-    # the job's device.
-    settings = vector_settings(
-        spec,
-        max_length,
-        cfg.quantize,
-        backend.name if backend is not None else resolve_name(cfg.backend),
-        layout.part_name(calibration_shard),
-        calibration_digest(calibration) if calibration is not None else None,
-    )
-    status = shard_status(
-        store,
-        corpus_dir=corpus_dir,
-        out_dir=out_dir,
-        available=available,
-        wanted=wanted,
-        version_marker=version_marker,
-        settings=settings,
-        # The planner checks each part's size (a HEAD); the child that embeds a shard
-        # streams it through its sha256 before reusing it (every byte of every part
-        # read once per run would be the corpus's whole output through one host).
-        full_check=cfg.mode == "embed",
-    )
-    keys, skipped, todo, recomputed = status.keys, status.skipped, status.todo, status.recomputed
-    if todo:
-        _refuse_to_change_a_release(store, cfg, todo, recomputed)
-    for item in recomputed:
-        log.warning("shard %d is recomputed: %s", item["shard"], item["reason"])
-    if skipped:
-        log.info(
-            "%d shard(s) committed and current in %s: reused (%s), %d rows",
-            len(skipped),
-            store.url(out_dir),
-            _ranges(skipped),
-            status.reused_rows,
+    @classmethod
+    def plan(cls, cfg: EmbedConfig) -> EmbedRun:
+        """The shards wanted, which are reused and which embedded (logged), the vectors'
+        settings; refuses bad shards and a change to a kept release's embeddings."""
+        from embedfresh.ml.backends import resolve_name
+
+        run = cls(cfg)
+        store = run.store
+        if run.child_plan is not None:
+            # The planner listed the corpus once; a child names its own shards (10,000
+            # children listing 100,000 names each would be 1M LIST requests).
+            run.wanted = run.child_plan.slice(int(cfg.array_index or 0))
+            run.available = {i: layout.part_name(i) for i in run.wanted}
+            # int8 is calibrated on the corpus's first shard, whatever this task embeds:
+            # every task, array child and re-run after a kill then builds the same int8
+            # model, so the parts of one output never come from two calibrations.
+            calibration_shard = min(run.child_plan.shards + run.child_plan.reused)
+        else:
+            run.available = corpus_shards(store, cfg.corpus)
+            run.wanted = list(run.available) if cfg.shards is None else cfg.shards
+            calibration_shard = min(run.available)
+        unknown = [i for i in run.wanted if i not in run.available]
+        if unknown:
+            raise BadInputError(
+                f"shards {unknown} do not exist in corpus {store.url(run.corpus_dir)} "
+                f"(it has {len(run.available)} shards: {list(run.available)[:10]}...)"
+            )
+        # The texts int8 is calibrated on, pinned by their sha256 in every part's settings
+        # and copied beside the parts (the release's query encoder reads the copy).
+        run.calibration = (
+            calibration_texts(store, f"{run.corpus_dir}/{layout.part_name(calibration_shard)}",
+                              run.spec.prompt("document"))
+            if cfg.quantize == "int8" else None
+        )  # fmt: skip
+        # The planner names the backend without building it: it may plan on a host
+        # without the job's device.
+        run.settings = vector_settings(
+            run.spec,
+            run.max_length,
+            cfg.quantize,
+            run.backend.name if run.backend is not None else resolve_name(cfg.backend),
+            layout.part_name(calibration_shard),
+            calibration_digest(run.calibration) if run.calibration is not None else None,
         )
+        run.status = shard_status(
+            store,
+            corpus_dir=run.corpus_dir,
+            out_dir=run.out_dir,
+            available=run.available,
+            wanted=run.wanted,
+            version_marker=run.version_marker,
+            settings=run.settings,
+            # The planner checks each part's size (a HEAD); the child that embeds a shard
+            # streams it through its sha256 before reusing it (every byte of every part
+            # read once per run would be the corpus's whole output through one host).
+            full_check=cfg.mode == "embed",
+        )
+        if run.status.todo:
+            _refuse_to_change_a_release(store, cfg, run.status.todo, run.status.recomputed)
+        run._log_reuse()
+        return run
+
+    def _log_reuse(self) -> None:
+        status = self.status
+        for item in status.recomputed:
+            log.warning("shard %d is recomputed: %s", item["shard"], item["reason"])
+        if not status.skipped:
+            return
+        log.info("%d shard(s) committed and current in %s: reused (%s), %d rows",
+                 len(status.skipped), self.store.url(self.out_dir), _ranges(status.skipped),
+                 status.reused_rows)  # fmt: skip
         if status.reused_truncated:
             log.warning(
                 "%d texts of the reused shards were truncated when they were embedded "
                 "(their commit markers; counted in the report as truncated_reused)",
                 status.reused_truncated,
             )
-    if cfg.mode == "plan":
-        return _write_plan(store, cfg, out_dir, status, started)
-    assert backend is not None
 
-    # Before the model loads or anything is written: every shard this task embeds is
-    # read and validated once, and ids repeated across them are refused (on disk: memory
-    # does not grow with the corpus).
-    todo_rows = _refuse_repeated_ids(store, corpus_dir, available, todo)
-    tokenizer = VariableTokenizer(version.tokenizer_json, max_length)
-    prompt = spec.prompt("document")
+    def load_model(self) -> None:
+        """Before the model loads, the shards to embed are read and their ids checked
+        across shards (on disk: memory does not grow with the corpus); then the model,
+        its fast mode gated, its compiled forward; a stale manifest is removed."""
+        from embedfresh.ml.model import versions
 
-    def prepare(index: int) -> PreparedShard:
+        cfg, store, todo = self.cfg, self.store, self.status.todo
+        self.todo_rows = _refuse_repeated_ids(store, self.corpus_dir, self.available, todo)
+        self.tokenizer = VariableTokenizer(self.version.tokenizer_json, self.max_length)
+        self.model = versions.instantiate(self.version).to(self.backend.device)
+        self.model.eval()
+        if cfg.quantize != "none":
+            self.model, self.fast_gate = _fast_mode_or_refuse(
+                cfg, store, self.model, self.backend, self.tokenizer, self.lengths,
+                self.calibration, bool(todo),
+            )  # fmt: skip
+            if self.fast_gate is not None and self.fast_gate["verdict"] != "PASS":
+                self._refuse_fast_mode()
+            if self.calibration is not None and todo:  # gate passed: the set's first write
+                _copy_calibration(store, self.out_dir, self.calibration, self.settings)
+        self.packed = uses_packed(self.model, self.backend, cfg.packed)  # the fast mode's
+        if todo:
+            self.compiled = _compiled_forward(
+                cfg, self.model, self.backend, self.version_marker, self.lengths
+            )
+        if todo and store.exists(f"{self.out_dir}/{MANIFEST}"):
+            log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, _ranges(todo))
+            try:
+                store.remove(f"{self.out_dir}/{MANIFEST}")
+            except FileNotFoundError:  # another child of the same array job was first
+                pass
+
+    def _refuse_fast_mode(self) -> None:
+        """The fast mode's gate did not pass: its report, and exit 3 (nothing else written)."""
+        cfg, gate, mode = self.cfg, self.fast_gate, self.cfg.quantize
+        assert gate is not None and self.backend is not None
+        self.store.write_json(
+            self.report_rel,
+            {"status": "refused", "model": cfg.model, "run_id": cfg.run_id,
+             "version": cfg.version, "corpus": cfg.corpus, "quantize": mode,
+             f"{mode}_gate": gate, "shards_requested": self.wanted, "shards_done": [],
+             "shards_skipped": self.status.skipped, **self.backend.metadata()},
+        )  # fmt: skip
+        raise GateRefusedError(
+            f"{mode} embeddings refused by the {mode} quality gate "
+            f"({gate['verdict']}): {gate['gate']['reason']}; recall@10 {mode} "
+            f"{gate[f'recall_at_10_{mode}']} vs fp32 {gate['recall_at_10_fp32']} "
+            f"on {gate['n_queries']} eval queries of dataset {cfg.dataset!r}. "
+            f"Nothing was written to {self.store.url(self.out_dir)}; embed with quantize=none"
+            + (
+                ", or give the gate an eval split as large as it asks for (dataset=...)"
+                if gate["verdict"] == "INCONCLUSIVE"
+                else ""
+            )
+            + f" (report: {self.store.url(self.report_rel)})"
+        )
+
+    def _prepare(self, index: int) -> PreparedShard:
+        """A shard read, prompted, tokenised and batched (on the prefetch thread)."""
         t0 = time.perf_counter()
-        rel = f"{corpus_dir}/{available[index]}"
-        ids, texts = read_corpus_shard(store, rel)
+        ids, texts = read_corpus_shard(self.store, f"{self.corpus_dir}/{self.available[index]}")
+        prompt = self.spec.prompt("document")
         if prompt:  # the model's document prompt, as encode_document puts it
             texts = [prompt + t for t in texts]
-        token_ids, truncated = tokenizer(texts)
-        plan = make_batches(token_ids, lengths, cfg.token_budget, static=cfg.static_batches)
+        token_ids, truncated = self.tokenizer(texts)
+        plan = make_batches(
+            token_ids, self.lengths, self.cfg.token_budget, static=self.cfg.static_batches
+        )
         return PreparedShard(index, ids, plan, truncated, time.perf_counter() - t0)
 
-    model = versions.instantiate(version).to(backend.device)
-    model.eval()
-    report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
-    fast_gate = None
-    if cfg.quantize != "none":
-        model, fast_gate = _fast_mode_or_refuse(
-            cfg, store, model, backend, tokenizer, lengths, calibration, bool(todo)
+    def embed_shards(self) -> None:
+        """Embed and commit each shard to do, the next one read while one is embedded."""
+        cfg, todo = self.cfg, self.status.todo
+        progress = Progress(
+            f"embedding {cfg.corpus} with {cfg.model} {cfg.version}", self.todo_rows, log=log
         )
-        if fast_gate is not None and fast_gate["verdict"] != "PASS":
-            store.write_json(
-                report_rel,
-                {
-                    "status": "refused",
-                    "model": cfg.model,
-                    "run_id": cfg.run_id,
-                    "version": cfg.version,
-                    "corpus": cfg.corpus,
-                    "quantize": cfg.quantize,
-                    f"{cfg.quantize}_gate": fast_gate,
-                    "shards_requested": wanted,
-                    "shards_done": [],
-                    "shards_skipped": skipped,
-                    **backend.metadata(),
-                },
-            )
-            mode = cfg.quantize
-            raise GateRefusedError(
-                f"{mode} embeddings refused by the {mode} quality gate "
-                f"({fast_gate['verdict']}): {fast_gate['gate']['reason']}; recall@10 {mode} "
-                f"{fast_gate[f'recall_at_10_{mode}']} vs fp32 {fast_gate['recall_at_10_fp32']} "
-                f"on {fast_gate['n_queries']} eval queries of dataset {cfg.dataset!r}. "
-                f"Nothing was written to {store.url(out_dir)}; embed with quantize=none"
-                + (
-                    ", or give the gate an eval split as large as it asks for (dataset=...)"
-                    if fast_gate["verdict"] == "INCONCLUSIVE"
-                    else ""
-                )
-                + f" (report: {store.url(report_rel)})"
-            )
-        if calibration is not None and todo:  # gate passed: the set's first write
-            _copy_calibration(store, out_dir, calibration, settings)
-    packed = uses_packed(model, backend, cfg.packed)  # the fast mode's, if any
-    compiled = _compiled_forward(cfg, model, backend, version_marker, lengths) if todo else None
-    if todo and store.exists(f"{out_dir}/{MANIFEST}"):
-        log.info("removing stale %s: shards %s are (re)embedded", MANIFEST, _ranges(todo))
+        forward = None if self.compiled is None else self.compiled.forward
+        prefetcher = _Prefetcher(todo, self._prepare, cfg.prefetch)
         try:
-            store.remove(f"{out_dir}/{MANIFEST}")
-        except FileNotFoundError:  # another child of the same array job was first
-            pass
-    totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
-    truncated_per_shard: dict[int, int] = {}
-    embed_seconds = 0.0
-    stats = EncodeStats()
-    done = []
-    progress = Progress(
-        f"embedding {cfg.corpus} with {cfg.model} {cfg.version}", todo_rows, log=log
-    )
-    prefetcher = _Prefetcher(todo, prepare, cfg.prefetch)
-    try:
-        for shard in prefetcher:
-            t0 = time.perf_counter()
-            n = len(shard.ids)
-            vectors = embed_plan(
-                model,
-                backend,
-                shard.plan,
-                n,
-                hidden,
-                stats,
-                cfg.packed,
-                forward=None if compiled is None else compiled.forward,
-                progress=progress,
-            )
-            seconds = time.perf_counter() - t0
-            embed_seconds += seconds
-            name = layout.part_name(shard.index)
-            data = shard_bytes(shard.ids, vectors, cfg.version)
-            markers.publish(
-                store,
-                out_dir,
-                {name: data},
-                meta={
-                    "kind": "embedding-shard",
-                    "shard": shard.index,
-                    "rows": n,
-                    "hidden": hidden,
-                    "model": cfg.model,
-                    "version": cfg.version,
-                    "corpus": cfg.corpus,
-                    "source": store.url(f"{corpus_dir}/{available[shard.index]}"),
-                    "embed_seconds": round(seconds, 6),
-                    "truncated": shard.truncated,
-                    "real_tokens": shard.plan.real_tokens,
-                    "padded_tokens": shard.plan.padded_tokens,
-                    "quantize": cfg.quantize,
-                    "max_length": max_length,
-                    "reuse_key": keys[shard.index],
-                    "run_id": cfg.run_id,
-                },
-                name=commit_name(shard.index),
-            )
-            if shard.truncated:
-                log.warning(
-                    "shard %d: %d of %d texts are longer than %d tokens and were truncated",
-                    shard.index,
-                    shard.truncated,
-                    n,
-                    max_length,
-                )
-            log.info(
-                "shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, "
-                "RSS %.1f MiB, peak RSS %.1f MiB)",
-                shard.index,
-                n,
-                seconds,
-                n / max(seconds, 1e-9),
-                shard.truncated,
-                *rss_mib(),
-            )
-            done.append(shard.index)
-            if compiled is not None:
-                compiled.store_entry()  # the graphs of the first shard's buckets
-            totals["rows"] += n
-            totals["truncated"] += shard.truncated
-            truncated_per_shard[shard.index] = shard.truncated
-            totals["real_tokens"] += shard.plan.real_tokens
-            totals["padded_tokens"] += shard.plan.padded_tokens
-            totals["batches"] += len(shard.plan.batches)
-    finally:
-        prefetcher.close()
-    if todo:
-        progress.finish()
+            for shard in prefetcher:
+                t0 = time.perf_counter()
+                vectors = embed_plan(self.model, self.backend, shard.plan, len(shard.ids),
+                                     self.hidden, self.stats, cfg.packed, forward=forward,
+                                     progress=progress)  # fmt: skip
+                self._commit(shard, vectors, time.perf_counter() - t0)
+        finally:
+            prefetcher.close()
+        if todo:
+            progress.finish()
 
-    wall = time.perf_counter() - started
-    if totals["truncated"]:
-        log.warning(
-            "%d of %d texts were truncated at %d tokens (max_length; the model's own is %d)",
-            totals["truncated"],
-            totals["rows"],
-            max_length,
-            spec.embedding_max_length,
+    def _commit(self, shard: PreparedShard, vectors: np.ndarray, seconds: float) -> None:
+        """Publish one shard's part and commit marker; count it."""
+        cfg, n = self.cfg, len(shard.ids)
+        self.embed_seconds += seconds
+        markers.publish(
+            self.store,
+            self.out_dir,
+            {layout.part_name(shard.index): shard_bytes(shard.ids, vectors, cfg.version)},
+            meta={
+                "kind": "embedding-shard",
+                "shard": shard.index,
+                "rows": n,
+                "hidden": self.hidden,
+                "model": cfg.model,
+                "version": cfg.version,
+                "corpus": cfg.corpus,
+                "source": self.store.url(f"{self.corpus_dir}/{self.available[shard.index]}"),
+                "embed_seconds": round(seconds, 6),
+                "truncated": shard.truncated,
+                "real_tokens": shard.plan.real_tokens,
+                "padded_tokens": shard.plan.padded_tokens,
+                "quantize": cfg.quantize,
+                "max_length": self.max_length,
+                "reuse_key": self.status.keys[shard.index],
+                "run_id": cfg.run_id,
+            },
+            name=commit_name(shard.index),
         )
-    report = {
-        "status": "ok",
-        "model": cfg.model,
-        "run_id": cfg.run_id,
-        "version": cfg.version,
-        "plan": store.url(cfg.plan) if cfg.plan else None,
-        "array_index": cfg.array_index,
-        "version_url": version.url,
-        "corpus": cfg.corpus,
-        "output": store.url(out_dir),
-        "shards_requested": wanted,
-        "shards_done": done,
-        "shards_skipped": skipped,
-        "shards_recomputed": recomputed,
-        **totals,
-        "rows_reused": status.reused_rows,
-        "truncated_reused": status.reused_truncated,
-        "truncated_per_shard": {str(i): c for i, c in truncated_per_shard.items()},
-        "padding_efficiency": (
-            round(totals["real_tokens"] / totals["padded_tokens"], 6)
-            if totals["padded_tokens"]
-            else None
-        ),
-        "sentences_per_s": round(totals["rows"] / embed_seconds, 3) if embed_seconds else None,
-        "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
-        "embed_seconds": round(embed_seconds, 6),
-        "wall_seconds": round(wall, 3),
-        "peak_rss_mib": round(rss_mib()[1], 1),
-        "max_length": max_length,
-        "model_max_seq_length": spec.embedding_max_length,
-        "lengths": list(lengths),
-        "token_budget": cfg.token_budget,
-        "static_batches": cfg.static_batches,
-        # Which forward ran: packed (our BERT encoder on its real tokens) or padded
-        # (XLA/Neuron static shapes, or the generic transformers path of other encoders).
-        "packed": packed and compiled is None,
-        # int8's graphs are compiled by its own route (PT2E, inductor with freezing).
-        "forward": "compiled"
-        if compiled is not None or cfg.quantize == "int8"
-        else "packed"
-        if packed
-        else "padded",
-        **({"compile": compiled.report()} if compiled is not None else {}),
-        "shapes": sorted([list(s) for s in stats.shapes]),
-        # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
-        "compiles": backend.compiles(),
-        "quantize": cfg.quantize,
-        **({f"{cfg.quantize}_gate": fast_gate} if cfg.quantize != "none" else {}),
-        **backend.metadata(),
-    }
-    store.write_json(report_rel, report)
-    return {
-        "status": "ok",
-        **(_child_facts(cfg) if cfg.plan else {}),
-        "rows": totals["rows"],
-        "truncated": totals["truncated"],
-        "rows_reused": status.reused_rows,
-        "truncated_reused": status.reused_truncated,
-        "shards_done": done,
-        "shards_skipped": skipped,
-        "shards_recomputed": [r["shard"] for r in recomputed],
-        "output": store.url(out_dir),
-        "report": store.url(report_rel),
-    }
+        if shard.truncated:
+            log.warning("shard %d: %d of %d texts are longer than %d tokens and were truncated",
+                        shard.index, shard.truncated, n, self.max_length)  # fmt: skip
+        log.info("shard %d committed: %d rows in %.3f s (%.0f rows/s, %d truncated, RSS %.1f "
+                 "MiB, peak RSS %.1f MiB)", shard.index, n, seconds, n / max(seconds, 1e-9),
+                 shard.truncated, *rss_mib())  # fmt: skip
+        self.done.append(shard.index)
+        if self.compiled is not None:
+            self.compiled.store_entry()  # the graphs of the first shard's buckets
+        self.totals["rows"] += n
+        self.totals["truncated"] += shard.truncated
+        self.truncated_per_shard[shard.index] = shard.truncated
+        self.totals["real_tokens"] += shard.plan.real_tokens
+        self.totals["padded_tokens"] += shard.plan.padded_tokens
+        self.totals["batches"] += len(shard.plan.batches)
+
+    def report(self) -> dict[str, Any]:
+        """The task's report (a list of facts; its length is the facts', not logic's)."""
+        cfg, totals, status, backend = self.cfg, self.totals, self.status, self.backend
+        assert backend is not None
+        wall = time.perf_counter() - self.started
+        if totals["truncated"]:
+            log.warning(
+                "%d of %d texts were truncated at %d tokens (max_length; the model's own is %d)",
+                totals["truncated"], totals["rows"], self.max_length,
+                self.spec.embedding_max_length,
+            )  # fmt: skip
+        compiled, seconds = self.compiled, self.embed_seconds
+        return {
+            "status": "ok",
+            "model": cfg.model,
+            "run_id": cfg.run_id,
+            "version": cfg.version,
+            "plan": self.store.url(cfg.plan) if cfg.plan else None,
+            "array_index": cfg.array_index,
+            "version_url": self.version.url,
+            "corpus": cfg.corpus,
+            "output": self.store.url(self.out_dir),
+            "shards_requested": self.wanted,
+            "shards_done": self.done,
+            "shards_skipped": status.skipped,
+            "shards_recomputed": status.recomputed,
+            **totals,
+            "rows_reused": status.reused_rows,
+            "truncated_reused": status.reused_truncated,
+            "truncated_per_shard": {str(i): c for i, c in self.truncated_per_shard.items()},
+            "padding_efficiency": (
+                round(totals["real_tokens"] / totals["padded_tokens"], 6)
+                if totals["padded_tokens"]
+                else None
+            ),
+            "sentences_per_s": round(totals["rows"] / seconds, 3) if seconds else None,
+            "rows_per_s_wall": round(totals["rows"] / wall, 3) if totals["rows"] else None,
+            "embed_seconds": round(seconds, 6),
+            "wall_seconds": round(wall, 3),
+            "peak_rss_mib": round(rss_mib()[1], 1),
+            "max_length": self.max_length,
+            "model_max_seq_length": self.spec.embedding_max_length,
+            "lengths": list(self.lengths),
+            "token_budget": cfg.token_budget,
+            "static_batches": cfg.static_batches,
+            # Which forward ran: packed (our BERT encoder on its real tokens) or padded
+            # (XLA/Neuron static shapes, or the generic transformers path of other
+            # encoders); int8's graphs are compiled by its own route (PT2E, inductor).
+            "packed": self.packed and compiled is None,
+            "forward": "compiled"
+            if compiled is not None or cfg.quantize == "int8"
+            else "packed"
+            if self.packed
+            else "padded",
+            **({"compile": compiled.report()} if compiled is not None else {}),
+            "shapes": sorted([list(s) for s in self.stats.shapes]),
+            # Graph compiles (XLA CompileTime, dynamo frames): bounded by the static shapes.
+            "compiles": backend.compiles(),
+            "quantize": cfg.quantize,
+            **({f"{cfg.quantize}_gate": self.fast_gate} if cfg.quantize != "none" else {}),
+            **backend.metadata(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The job's one-line stdout summary."""
+        status = self.status
+        return {
+            "status": "ok",
+            **(_child_facts(self.cfg) if self.cfg.plan else {}),
+            "rows": self.totals["rows"],
+            "truncated": self.totals["truncated"],
+            "rows_reused": status.reused_rows,
+            "truncated_reused": status.reused_truncated,
+            "shards_done": self.done,
+            "shards_skipped": status.skipped,
+            "shards_recomputed": [r["shard"] for r in status.recomputed],
+            "output": self.store.url(self.out_dir),
+            "report": self.store.url(self.report_rel),
+        }
 
 
 def _compiled_forward(
