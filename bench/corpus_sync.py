@@ -4,7 +4,7 @@ graph's upkeep costs), and query latency while a change set is being applied.
 
 Run on demand, not in CI (about 5 minutes on 2 cores at 100,000 rows)::
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/corpus_sync.py [--rows 100000] [--upserts 10000] [--deletes 2000]
+    OMP_NUM_THREADS=2 .venv/bin/python bench/corpus_sync.py [--rows 100000] [--upserts 10000] [--deletes 2000] [--maintenance-work-mem 1GB]
 
 A table of ``--rows`` random unit vectors (384 dimensions, int64 ids) is loaded through
 the index's own ``load_shard`` and indexed (HNSW m 16, ef_construction 200, the load
@@ -37,7 +37,7 @@ def unit(rng: np.random.Generator, n: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def loaded(index, name: str, rows: int, ann: bool) -> float:
+def loaded(index, name: str, rows: int, ann: bool, memory: str) -> float:
     """A catalogued table of ``rows`` random vectors; the HNSW build's seconds."""
     from embedfresh.core.index import AnnSettings, TableSpec
 
@@ -50,7 +50,7 @@ def loaded(index, name: str, rows: int, ann: bool) -> float:
         index.load_shard(name, f"part-{start}", "bench", np.arange(start, start + n), unit(rng, n))
     t0 = time.perf_counter()
     if ann:
-        index.build_ann(name, AnnSettings(16, 200, 100, "1GB"))
+        index.build_ann(name, AnnSettings(16, 200, 100, memory))
     return time.perf_counter() - t0
 
 
@@ -77,7 +77,7 @@ def searches(dsn: str, name: str, queries: np.ndarray, stop: threading.Event | N
                 return out
 
 
-def run(rows: int, upserts: int, deletes: int) -> dict:
+def run(rows: int, upserts: int, deletes: int, memory: str) -> dict:
     from embedfresh.core.index import AppliedChange
     from embedfresh.core.index.embedded import EmbeddedServer
     from embedfresh.core.index.pgvector import PgVectorIndex
@@ -91,8 +91,8 @@ def run(rows: int, upserts: int, deletes: int) -> dict:
             ids, vectors, gone = change(rows, upserts, deletes)
             done = AppliedChange("c1", "bench", upserts, deletes)
             with PgVectorIndex(dsn) as index:
-                out["build_seconds"] = loaded(index, "indexed", rows, ann=True)
-                loaded(index, "plain", rows, ann=False)
+                out["build_seconds"] = loaded(index, "indexed", rows, True, memory)
+                loaded(index, "plain", rows, False, memory)
                 out["idle_ms"] = searches(dsn, "indexed", queries, None)
                 stop = threading.Event()
                 busy: list[float] = []
@@ -120,11 +120,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--upserts", type=int, default=10_000)
     parser.add_argument("--deletes", type=int, default=2_000)
+    parser.add_argument(
+        "--maintenance-work-mem",
+        default="1GB",
+        help="the HNSW build's memory: the graph must fit (about 2 kB a row at 384-d, m 16)",
+    )
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     host = machine()
-    r = run(args.rows, args.upserts, args.deletes)
+    r = run(args.rows, args.upserts, args.deletes, args.maintenance_work_mem)
     ops = r["upserts"] + r["deletes"]
 
     def pct(ms: list[float]) -> str:
@@ -141,7 +146,7 @@ def main() -> None:
         f"machine: {host}; one run; load average (1, 5, 15 min) at the end "
         + ", ".join(f"{x:.1f}" for x in os.getloadavg()),
         f"table: {r['rows']:,} random unit vectors (384-d), HNSW built in "
-        f"{r['build_seconds']:.0f} s; change set: {r['upserts']:,} upserts (half new ids) and "
+        f"{r['build_seconds']:.0f} s (maintenance_work_mem {args.maintenance_work_mem}); change set: {r['upserts']:,} upserts (half new ids) and "
         f"{r['deletes']:,} deletes in one transaction; {r['rows_after']:,} rows after",
         f"query latency p50 / p99 ms (k 10, ef_search 100, one connection): idle "
         f"{pct(r['idle_ms'])}, while the change set is applied {pct(r['during_ms'])} "

@@ -572,3 +572,29 @@ def test_a_release_read_while_the_live_view_switches_is_never_missing(store, ind
         stop.set()
         thread.join()
     assert not errors, errors[0]
+
+
+def test_an_hnsw_graph_outgrowing_its_memory_is_said_in_the_log_naming_the_setting(
+    index_dsn, caplog
+):
+    """pgvector builds on disk, several times slower, once the graph outgrows
+    ``maintenance_work_mem``; the build says so at WARNING, and the graph still answers."""
+    import logging
+
+    from embedfresh.core.index import AnnSettings, TableSpec
+    from embedfresh.core.index.pgvector import PgVectorIndex
+
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((3000, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    spec = TableSpec(name="big", model="m", release="r", corpus="c", version="v", dim=384,
+                     id_type="int64", manifest_sha256="x", rows=3000)  # fmt: skip
+    with PgVectorIndex(index_dsn) as index:
+        index.prepare_table(spec)
+        index.load_shard("big", "part-0", "x", np.arange(3000), vectors)
+        with caplog.at_level(logging.WARNING, logger="embedfresh.core.index.pgvector"):
+            assert index.build_ann("big", AnnSettings(16, 64, 40, "1MB"))
+        said = [r.getMessage() for r in caplog.records if "maintenance_work_mem" in r.getMessage()]
+        assert said and "no longer fits" in said[0] and "1MB" in said[0], said
+        found = index.search("big", vectors[:5], 1, ef_search=40)
+        assert [int(ids[0]) for ids in found.ids] == [0, 1, 2, 3, 4]

@@ -44,6 +44,7 @@ class ChangeSet:
     upsert_ids: np.ndarray
     upsert_texts: list[str]
     delete_ids: np.ndarray
+    etag: str | None = None  # the store's tag of the object, taken before its bytes
 
     @property
     def rows(self) -> int:
@@ -66,6 +67,7 @@ def read_change_set(store: ArtifactStore, corpus: str, name: str, id_type: str) 
     """
     rel = layout.change_set(corpus, name)
     url = store.url(rel)
+    etag = store.etag(rel)  # before the read: a set replaced in between is hashed again
     data = store.read_bytes(rel)
     table = read_parquet_bytes(data, url)
     missing = [c for c in ("op", "id", "text") if c not in table.column_names]
@@ -103,6 +105,7 @@ def read_change_set(store: ArtifactStore, corpus: str, name: str, id_type: str) 
         upsert_ids=ids[upsert],
         upsert_texts=[t for t, u in zip(text, upsert, strict=True) if u],
         delete_ids=ids[~upsert],
+        etag=etag,
     )
 
 
@@ -149,7 +152,8 @@ def pending_changes(
     store: ArtifactStore, index: VectorIndex, table: str, corpus: str, id_type: str
 ) -> list[ChangeSet]:
     """The corpus's change sets ``table``'s ledger lacks, in order, each read and
-    validated (call it before the first write: a bad one refuses them all).
+    validated (call it before the first write: a bad one refuses them all). Those the
+    ledger holds are checked unchanged by the store's tag, read only when it differs.
 
     :raises BadInputError: a bad change set (:func:`read_change_set`), or one whose bytes
         differ from those the ledger recorded when it was applied.
@@ -170,6 +174,9 @@ def pending_changes(
             out.append(read_change_set(store, corpus, name, id_type))
             continue
         rel = layout.change_set(corpus, name)
+        tag = store.etag(rel)
+        if tag is not None and tag in (applied[name].etag, applied[name].sha256):
+            continue  # unchanged, without reading it (file://'s tag is the sha256)
         if (sha := sha256_bytes(store.read_bytes(rel))) != applied[name].sha256:
             raise BadInputError(
                 f"change set {store.url(rel)} was applied to {table} with sha256 "

@@ -89,8 +89,8 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
         writing_elsewhere(store.root)  # the lease, before the first row
         index.prepare_table(spec)
         loaded, todo, pending_rows, load_seconds = load_parts(store, index, spec.name, eset, log)
-        rows = index.count(spec.name)
-        if rows != eset.rows and not index.applied_changes(spec.name):
+        rows, applied = index.count(spec.name), index.applied_changes(spec.name)
+        if rows != eset.rows and not applied:
             raise BadInputError(
                 f"table {spec.name} of {index.location} holds {rows} rows after the load, "
                 f"{eset.manifest_url} lists {eset.rows}: it was changed outside embedfresh"
@@ -101,8 +101,8 @@ def _load(cfg: IndexLoadConfig) -> dict[str, Any]:
         truncated = apply_pending(store, index, spec.name, pending, model=cfg.model,
                                   version=cfg.target_version, corpus=cfg.corpus,
                                   settings=eset.settings)  # fmt: skip
-        applied = index.applied_changes(spec.name)
-        rows = index.count(spec.name)
+        if pending:
+            applied, rows = index.applied_changes(spec.name), index.count(spec.name)
         t0 = time.perf_counter()
         built = index.build_ann(spec.name, ann)
         build_seconds = time.perf_counter() - t0

@@ -51,7 +51,7 @@ from embedfresh.core.embedding_sets import (
     read_embedding_set,
 )
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
-from embedfresh.core.index import VectorIndex, open_index
+from embedfresh.core.index import AppliedChange, VectorIndex, open_index
 from embedfresh.core.registry import Registry
 from embedfresh.core.releases import (
     Release,
@@ -84,8 +84,9 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
     table, ann = _loaded(store, cfg)
     baseline = _release_replaced(store, cfg)
     with open_index(cfg.artifact_root) as index:
-        _every_id_once(store, index, eset, table)
-        watermarks = _watermarks(index, cfg, table, baseline)
+        applied = index.applied_changes(table)  # the change sets the table was caught up with
+        _every_id_once(store, index, eset, table, applied)
+        watermarks = _watermarks(index, cfg, table, applied, baseline)
         judgments, unjudged = _judgments(store, index, cfg, eset, table)
         encoder = ReleaseEncoder(store, cfg.model, cfg.target_version, cfg.corpus, eset.settings)
         first = _first_look(store, cfg)
@@ -95,7 +96,7 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
         vectors = encoder.queries(texts)
         # Over what the table holds: the set's vectors, or once change sets were applied
         # to it, its own rows.
-        parts = index.scan(table) if index.applied_changes(table) else set_parts(store, eset)
+        parts = index.scan(table) if applied else set_parts(store, eset)
         exact = exact_top_k(parts, vectors, K)
         # What the index costs search: complete judgments only (a condensed list ranks
         # the judged documents by their own cosine, no index involved).
@@ -462,12 +463,16 @@ def _release_replaced(store: ArtifactStore, cfg: SearchCheckConfig) -> Release |
 
 
 def _watermarks(
-    index: VectorIndex, cfg: SearchCheckConfig, table: str, baseline: Release | None
+    index: VectorIndex,
+    cfg: SearchCheckConfig,
+    table: str,
+    applied: dict[str, AppliedChange],
+    baseline: Release | None,
 ) -> dict[str, str | None]:
     """The last change set this run's table and the live release's hold; warns when
     they differ (the comparison is then over two states of the corpus: the live table's
     corpus sync is behind)."""
-    out = {"this": max(index.applied_changes(table), default=None)}
+    out = {"this": max(applied, default=None)}
     if baseline is not None and cfg.corpus in baseline.corpora:
         live_table = baseline.corpus(cfg.corpus).table
         out["live"] = max(index.applied_changes(live_table), default=None)
@@ -482,14 +487,17 @@ def _watermarks(
 
 
 def _every_id_once(
-    store: ArtifactStore, index: VectorIndex, eset: EmbeddingSet, table: str
+    store: ArtifactStore,
+    index: VectorIndex,
+    eset: EmbeddingSet,
+    table: str,
+    applied: dict[str, AppliedChange],
 ) -> None:
     """The table holds the corpus: as many rows as the embedding set (its primary key
     makes each id unique), and when not, which ids are missing.
 
     :raises BadInputError: a corpus id missing from the table, named.
     """
-    applied = index.applied_changes(table)
     if applied:  # caught up with change sets: the corpus as they leave it
         _every_id_after_changes(store, index, eset, table, applied)
         return

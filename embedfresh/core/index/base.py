@@ -95,12 +95,15 @@ class ShardLoad:
 
 @dataclass(frozen=True)
 class AppliedChange:
-    """A corpus change set the ledger records as applied to a table."""
+    """A corpus change set the ledger records as applied to a table: its bytes' sha256,
+    and the store's tag of the object read (an S3 ETag: a later sync checks the set is
+    unchanged with a HEAD, not a read)."""
 
     name: str
     sha256: str
     upserts: int
     deletes: int
+    etag: str | None = None
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ CREATE TABLE IF NOT EXISTS embedfresh.live (
     PRIMARY KEY (model, corpus)
 );
 CREATE SEQUENCE IF NOT EXISTS embedfresh.live_generation;
-ALTER TABLE embedfresh.live ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0
+ALTER TABLE embedfresh.live ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0;
+ALTER TABLE embedfresh.applied_changes ADD COLUMN IF NOT EXISTS etag text
 """
 
 _SQL_TYPES = {"int64": "bigint", "string": "text"}
@@ -321,11 +322,13 @@ class PgVectorIndex(VectorIndex):
     @_translate
     def applied_changes(self, table: str) -> dict[str, AppliedChange]:
         rows = self._conn.execute(
-            "SELECT change_set, sha256, upserts, deletes FROM embedfresh.applied_changes "
+            "SELECT change_set, sha256, upserts, deletes, etag FROM embedfresh.applied_changes "
             "WHERE table_name = %s ORDER BY change_set",
             (table,),
         ).fetchall()
-        return {name: AppliedChange(name, sha, int(u), int(d)) for name, sha, u, d in rows}
+        return {
+            name: AppliedChange(name, sha, int(u), int(d), etag) for name, sha, u, d, etag in rows
+        }
 
     @_translate
     def apply_changes(
@@ -380,8 +383,8 @@ class PgVectorIndex(VectorIndex):
                 )
             conn.execute(
                 "INSERT INTO embedfresh.applied_changes (table_name, change_set, sha256, "
-                "upserts, deletes) VALUES (%s, %s, %s, %s, %s)",
-                (table, change.name, change.sha256, change.upserts, change.deletes),
+                "upserts, deletes, etag) VALUES (%s, %s, %s, %s, %s, %s)",
+                (table, change.name, change.sha256, change.upserts, change.deletes, change.etag),
             )
         faults.after_write("db", f"index/{table}/changes/{change.name}")
         return True
@@ -405,27 +408,39 @@ class PgVectorIndex(VectorIndex):
             0
         ]:
             return False
-        with conn.transaction():
-            conn.execute(
-                sql.SQL("SET LOCAL maintenance_work_mem = {}").format(
-                    sql.Literal(settings.maintenance_work_mem)
+
+        # pgvector says, as a notice, when the graph outgrows maintenance_work_mem and the
+        # build goes on on disk, several times slower: said in the log, with the setting.
+        def said(notice: psycopg.errors.Diagnostic) -> None:
+            log.warning("building %s: %s %s (maintenance_work_mem is %s: the index load's "
+                        "setting)", index, notice.message_primary, notice.message_detail or "",
+                        settings.maintenance_work_mem)  # fmt: skip
+
+        conn.add_notice_handler(said)
+        try:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("SET LOCAL maintenance_work_mem = {}").format(
+                        sql.Literal(settings.maintenance_work_mem)
+                    )
                 )
-            )
-            conn.execute(
-                sql.SQL(
-                    "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops) "
-                    "WITH (m = {}, ef_construction = {})"
-                ).format(
-                    sql.Identifier(index),
-                    _ident(table),
-                    sql.Literal(settings.m),
-                    sql.Literal(settings.ef_construction),
+                conn.execute(
+                    sql.SQL(
+                        "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw "
+                        "(embedding vector_cosine_ops) WITH (m = {}, ef_construction = {})"
+                    ).format(
+                        sql.Identifier(index),
+                        _ident(table),
+                        sql.Literal(settings.m),
+                        sql.Literal(settings.ef_construction),
+                    )
                 )
-            )
-            conn.execute(
-                "UPDATE embedfresh.tables SET indexed_at = now(), ann = %s WHERE name = %s",
-                (psycopg.types.json.Jsonb(settings.to_dict()), table),
-            )
+                conn.execute(
+                    "UPDATE embedfresh.tables SET indexed_at = now(), ann = %s WHERE name = %s",
+                    (psycopg.types.json.Jsonb(settings.to_dict()), table),
+                )
+        finally:
+            conn.remove_notice_handler(said)
         faults.after_write("db", f"index/{table}/hnsw")
         return True
 

@@ -11,7 +11,10 @@ and each change set goes in with its ledger row in one transaction
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
+
+import numpy as np
 
 from embedfresh.core.changes import ChangeSet
 from embedfresh.core.index import AppliedChange, VectorIndex
@@ -19,6 +22,8 @@ from embedfresh.core.progress import Progress
 from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger(__name__)
+
+SLICE = 8192  # texts embedded between two progress lines (a change set may be large)
 
 
 def apply_pending(
@@ -41,12 +46,19 @@ def apply_pending(
     encoder = ReleaseEncoder(store, model, version, corpus, settings)
     progress = Progress(f"applying change sets to {table}", sum(c.rows for c in pending), log=log)
     for change in pending:
-        vectors = encoder.documents(change.upsert_texts)
+        parts = [np.zeros((0, encoder.hidden), dtype=np.float32)]
+        for start in range(0, len(change.upsert_texts), SLICE):
+            parts.append(encoder.documents(change.upsert_texts[start : start + SLICE]))
+            progress.advance(len(parts[-1]))
+        vectors = np.concatenate(parts)
         done = AppliedChange(change.name, change.sha256, len(change.upsert_ids),
-                             len(change.delete_ids))  # fmt: skip
+                             len(change.delete_ids), change.etag)  # fmt: skip
+        log.info("change set %s: writing %d upserts and %d deletes to %s in one transaction",
+                 change.name, done.upserts, done.deletes, table)  # fmt: skip
+        started = time.perf_counter()
         index.apply_changes(table, done, change.upsert_ids, vectors, change.delete_ids)
-        log.info("change set %s applied to %s: %d upserts, %d deletes", change.name, table,
-                 done.upserts, done.deletes)  # fmt: skip
-        progress.advance(change.rows)
+        log.info("change set %s applied to %s in %.1f s", change.name, table,
+                 time.perf_counter() - started)  # fmt: skip
+        progress.advance(done.deletes)
     progress.finish()
     return encoder.truncated
