@@ -35,13 +35,15 @@ from embedfresh.core.config import (
     IndexAttachConfig,
     IndexLoadConfig,
     ReleaseConfig,
+    RollbackConfig,
     SearchCheckConfig,
     SearchConfig,
 )
 from embedfresh.core.embedding_sets import iter_parts, read_embedding_set
 from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.index import live_view_name, open_index, table_name
-from embedfresh.core.releases import live_release
+from embedfresh.core.registry import Registry
+from embedfresh.core.releases import live_release, read_release
 from embedfresh.core.settings import INDEX_DSN_ENV
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.faults import FAULT_POINT, WRITES_LOG
@@ -52,6 +54,7 @@ from embedfresh.jobs.embed_verify import verify
 from embedfresh.jobs.index_attach import index_attach
 from embedfresh.jobs.index_load import index_load
 from embedfresh.jobs.release import release
+from embedfresh.jobs.rollback import rollback
 from embedfresh.jobs.search import search
 from embedfresh.jobs.search_check import search_check
 from embedfresh.ml.checkpoint import cpu_state_dict
@@ -411,6 +414,37 @@ def test_a_refresh_while_the_corpus_moves_releases_the_corpus_at_the_last_waterm
     for doc in (old[1], 10**9 + 1, old[2], old[3]):
         want = encoder.documents([expected[doc]])[0]
         assert float(table[doc] @ want) >= 0.99999, doc
+
+    # Rolled back to r1, whose table never saw a change set: D lands first, E between
+    # the catch-up and the registry's move (its sync would go to r2, live until then).
+    # r1's table ends as the corpus after A to E, in r1's own vectors.
+    land(store, "d", change_set([UPSERT], [10**9 + 2], ["new in d"]))
+    move, r1_table = Registry.rollback, read_release(store, MODEL, "r1").corpus(CORPUS).table
+    at_the_move = []
+
+    def landing_meanwhile(registry, *args, **kwargs):
+        with psycopg.connect(os.environ[INDEX_DSN_ENV]) as conn:
+            at_the_move.extend(conn.execute(
+                f'SELECT id FROM embedfresh."{r1_table}" WHERE id = %s', (10**9 + 2,)
+            ).fetchall())  # fmt: skip
+        land(store, "e", change_set([DELETE], [old[3]], [None]))
+        return move(registry, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Registry, "rollback", landing_meanwhile)
+        back = rollback(RollbackConfig(artifact_root=store.root, model=MODEL, run_id="rb",
+                                       to_release="r1", reason="r2 misbehaves"))  # fmt: skip
+    assert at_the_move == [(10**9 + 2,)]  # caught up before the pointer moved
+    assert back["corpora"][CORPUS]["change_sets_applied_now"] == ["a", "b", "c", "d", "e"]
+    expected[10**9 + 2] = "new in d"
+    del expected[old[3]]
+    table = table_rows(store)
+    assert live_release(store, MODEL).release == "r1" and sorted(table) == sorted(expected)
+    encoder = ReleaseEncoder.for_release(store, live_release(store, MODEL), CORPUS)
+    for doc in (old[1], 10**9 + 2, old[4]):
+        assert float(table[doc] @ encoder.documents([expected[doc]])[0]) >= 0.99999, doc
+    record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
+    assert record["watermark"] == "e" and record["rows"] == len(expected)
 
 
 def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_plain_rerun(world):

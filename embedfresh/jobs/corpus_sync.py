@@ -22,7 +22,8 @@ removed today is not, without waiting for the next release. In order:
    is the truth; the switch is a compare-and-swap that never undoes a newer release's);
 5. the sync record ``models/{model}/sync/{release}/{corpus}.json``: the watermark (the
    last change set the table holds), each change set's counts, the table's rows. The
-   release document itself never changes; the record is rewritten from the ledger.
+   release document itself never changes; the record is made from the ledger and written
+   when it reads otherwise.
 
 Writes ``runs/{model}/{run_id}/reports/sync-{corpus}.json``.
 """
@@ -31,19 +32,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from embedfresh.core import layout
-from embedfresh.core.changes import ChangeSet, pending_changes
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import CorpusSyncConfig
-from embedfresh.core.embedding_sets import id_type, read_embedding_set
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.index import AppliedChange, VectorIndex, open_index
+from embedfresh.core.index import VectorIndex, open_index
 from embedfresh.core.releases import Release, live_release, read_release
-from embedfresh.core.storage import ArtifactStore, writing_elsewhere
-from embedfresh.ml.embedding.sync import apply_pending
+from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.embedding.sync import Synced, catch_up, sync_record, write_sync_record
 
 log = logging.getLogger("embedfresh.jobs.corpus_sync")
 
@@ -54,22 +52,13 @@ def corpus_sync(cfg: CorpusSyncConfig) -> dict[str, Any]:
     release = _release(store, cfg)
     carried = release is not None and cfg.corpus in release.corpora
     with open_index(cfg.artifact_root) as index:
-        done = _sync(store, index, cfg, release) if carried else _Synced()
+        done = catch_up(store, index, release, cfg.corpus) if carried else Synced()
         view = _view_follows(store, index, cfg, release) if cfg.release is None else None
     if not carried:
         log.info("%s: nothing to sync", _no_table(cfg, release))
-    record = {
-        "model": cfg.model,
-        "release": None if release is None else release.release,
-        "version": None if release is None else release.version,
-        "corpus": cfg.corpus,
-        "table": done.table,
-        "watermark": max(done.applied, default=None),
-        "rows": done.rows,
-        "change_sets": [vars(a) for a in done.applied.values()],
-    }
+    record = sync_record(cfg.model, release, cfg.corpus, done)
     if carried:
-        store.write_json(layout.sync_record(cfg.model, release.release, cfg.corpus), record)
+        write_sync_record(store, release, cfg.corpus, record)
     report = {
         "status": "ok",
         **record,
@@ -89,36 +78,6 @@ def corpus_sync(cfg: CorpusSyncConfig) -> dict[str, Any]:
         "applied_now": len(done.pending),
         "report": store.url(rel),
     }
-
-
-@dataclass
-class _Synced:
-    """What a sync did to a table (nothing, when the release carries no such table)."""
-
-    table: str | None = None
-    pending: list[ChangeSet] = field(default_factory=list)
-    truncated: int = 0
-    applied: dict[str, AppliedChange] = field(default_factory=dict)
-    rows: int = 0
-
-
-def _sync(
-    store: ArtifactStore, index: VectorIndex, cfg: CorpusSyncConfig, release: Release
-) -> _Synced:
-    """The release's table of the corpus, caught up with its change sets."""
-    entry = release.corpus(cfg.corpus)
-    eset = read_embedding_set(store, cfg.model, release.version, cfg.corpus)
-    pending = pending_changes(store, index, entry.table, cfg.corpus, id_type(store, eset))
-    if pending:
-        writing_elsewhere(store.root)  # the lease, before the first row
-    else:
-        log.info("table %s holds every change set of %s: nothing to apply", entry.table,
-                 cfg.corpus)  # fmt: skip
-    truncated = apply_pending(store, index, entry.table, pending, model=cfg.model,
-                              version=release.version, corpus=cfg.corpus,
-                              settings=entry.settings)  # fmt: skip
-    applied = index.applied_changes(entry.table)
-    return _Synced(entry.table, pending, truncated, applied, index.count(entry.table))
 
 
 def _release(store: ArtifactStore, cfg: CorpusSyncConfig) -> Release | None:

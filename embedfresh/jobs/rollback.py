@@ -5,15 +5,21 @@ embedding sets and its index tables, together. ``to_release`` must be one of the
 releases retention keeps (the last ``keep_releases``, the live one included; otherwise
 exit 2, naming those that are kept); its model version is verified, streamed, against
 its COMMIT marker, and every table it names must still be in the index, complete, before
-the pointer moves (anything missing: exit 2, production stays). The pointer moves by
-the same compare-and-swap as a release, the history records ``action: rollback`` with
-``who``, ``why``, the previous release and the time, and each corpus's live view is
-switched back. Rolling back to the live release writes nothing and exits 0 with
-``"already": true`` (its views are switched if a kill left them behind).
+the pointer moves (anything missing: exit 2, production stays). Its tables then take the
+corpus's change sets that landed since they were live (embedded by the target's own
+encoder, as the corpus sync does; a bad change set refuses the rollback, exit 2, before
+the pointer moves), and once more after the views switch (a change set that landed
+meanwhile was synced to the release live until then); the sync record follows. The
+pointer moves by the same compare-and-swap as a release, the history records ``action:
+rollback`` with ``who``, ``why``, the previous release and the time, and each corpus's
+live view is switched back. Rolling back to the live release moves nothing and exits 0 with
+``"already": true`` (its views are switched, and its tables caught up, if a kill left
+them behind).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -22,10 +28,11 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import RollbackConfig
 from embedfresh.core.embedding_sets import read_embedding_set
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.index import open_index
+from embedfresh.core.index import VectorIndex, open_index
 from embedfresh.core.registry import Registry
 from embedfresh.core.releases import Release, read_release
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.embedding.sync import catch_up, sync_record, write_sync_record
 
 log = logging.getLogger("embedfresh.jobs.rollback")
 
@@ -37,24 +44,30 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
     doc, _ = registry.read()
     registry.check_kept(doc, cfg.to_release, cfg.keep_releases)  # before anything is read
     target = read_release(store, cfg.model, cfg.to_release)
-    _still_whole(store, cfg, target)
-    move = registry.rollback(
-        target, who=cfg.who, why=cfg.reason, details={"run_id": cfg.run_id}, keep=cfg.keep_releases
-    )
-    if move.already:
-        log.info("release %s of %s is live already: nothing to move", cfg.to_release, cfg.model)
-    else:
-        log.info(
-            "live release of %s rolled back from %s to %s (version %s) by %s: %s",
-            cfg.model, move.doc["production"].get("previous_release") or move.previous,
-            cfg.to_release, target.version, cfg.who, cfg.reason,
-        )  # fmt: skip
-    switched = []
-    if target.corpora:
-        with open_index(cfg.artifact_root) as index:
-            for corpus, entry in target.corpora.items():
-                if index.switch_live(cfg.model, corpus, entry.table):
-                    switched.append(corpus)
+    index_or_none = open_index(cfg.artifact_root) if target.corpora else contextlib.nullcontext()
+    with index_or_none as index:
+        _still_whole(store, cfg, target, index)
+        # Before the pointer moves, the target's tables take the change sets that landed
+        # since they were live: the rolled-back model serves today's corpus.
+        caught = {c: catch_up(store, index, target, c) for c in target.corpora}
+        move = registry.rollback(target, who=cfg.who, why=cfg.reason,
+                                 details={"run_id": cfg.run_id}, keep=cfg.keep_releases)  # fmt: skip
+        if move.already:
+            log.info("release %s of %s is live already: nothing to move", cfg.to_release,
+                     cfg.model)  # fmt: skip
+        else:
+            log.info(
+                "live release of %s rolled back from %s to %s (version %s) by %s: %s",
+                cfg.model, move.doc["production"].get("previous_release") or move.previous,
+                cfg.to_release, target.version, cfg.who, cfg.reason,
+            )  # fmt: skip
+        switched = [c for c, e in target.corpora.items()
+                    if index.switch_live(cfg.model, c, e.table)]  # fmt: skip
+        for corpus in target.corpora:
+            # A change set that landed meanwhile went to the release live until the move.
+            late = catch_up(store, index, target, corpus)
+            caught[corpus].pending += late.pending
+            write_sync_record(store, target, corpus, sync_record(cfg.model, target, corpus, late))
     run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
     return {
         **move.summary(registry.url),
@@ -62,14 +75,21 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
         "why": cfg.reason,
         "release_url": target.url,
         "corpora": {
-            c: {"table": e.table, "rows": e.rows, "manifest": e.manifest}
+            c: {
+                "table": e.table,
+                "rows": e.rows,
+                "manifest": e.manifest,
+                "change_sets_applied_now": [p.name for p in caught[c].pending],
+            }
             for c, e in target.corpora.items()
         },  # fmt: skip
         "live_views_switched": switched,
     }
 
 
-def _still_whole(store: ArtifactStore, cfg: RollbackConfig, target: Release) -> None:
+def _still_whole(
+    store: ArtifactStore, cfg: RollbackConfig, target: Release, index: VectorIndex | None
+) -> None:
     """The release's embedding sets are still those it names, and its tables are complete.
 
     :raises BadInputError: a manifest changed or is gone, or a table is missing or short.
@@ -81,20 +101,19 @@ def _still_whole(store: ArtifactStore, cfg: RollbackConfig, target: Release) -> 
                 f"cannot roll back to release {target.release}: the embeddings of {corpus!r} "
                 f"({eset.manifest_url}) changed since it was made"
             )
-    if not target.corpora:
+    if index is None:
         return
-    with open_index(cfg.artifact_root) as index:
-        tables = {t.name: t for t in index.tables(cfg.model)}
-        for corpus, entry in target.corpora.items():
-            info = tables.get(entry.table)
-            if info is None or info.rows_loaded != entry.rows or not info.indexed:
-                raise BadInputError(
-                    f"cannot roll back to release {target.release}: its {corpus!r} table "
-                    f"{entry.table} is not whole in {index.location} (a garbage collection "
-                    "with fewer kept releases, or the index moved: python -m "
-                    f"embedfresh.jobs.index_attach --set model={cfg.model} --set "
-                    f"release={target.release} rebuilds it here); production stays"
-                )
+    tables = {t.name: t for t in index.tables(cfg.model)}
+    for corpus, entry in target.corpora.items():
+        info = tables.get(entry.table)
+        if info is None or info.rows_loaded != entry.rows or not info.indexed:
+            raise BadInputError(
+                f"cannot roll back to release {target.release}: its {corpus!r} table "
+                f"{entry.table} is not whole in {index.location} (a garbage collection "
+                "with fewer kept releases, or the index moved: python -m "
+                f"embedfresh.jobs.index_attach --set model={cfg.model} --set "
+                f"release={target.release} rebuilds it here); production stays"
+            )
 
 
 if __name__ == "__main__":
