@@ -46,7 +46,9 @@ Then the candidate, not yet live, is made ready to serve, for every corpus of th
 own table of the vector index (pgvector; the embedded server by default), and
 ``search_check`` proves search on that table (faithful to the exact search, and no worse
 than the live release's). Only then does ``release`` make the model and its document
-vectors live together, by compare-and-swap, and announce the Assets
+vectors live together, by compare-and-swap (a corpus of the live release left out of
+``corpora`` must be named in the ``drop_corpora`` Param, whose live views it drops, or
+the release is refused), and announce the Assets
 ``embedfresh://models/<model>`` and ``embedfresh://embeddings/<model>/<corpus>``. Until
 that moment a search service reading the live release gets the previous one, whole; a
 failed embed, verify, load or check leaves it untouched and says why in its task.
@@ -109,6 +111,7 @@ from embedfresh.operators.params import (
     common_params,
     corpora_param,
     day_param,
+    drop_corpora_param,
     gate_metrics_param,
 )
 from embedfresh.operators.partition import TrainingPartitionSensor
@@ -166,6 +169,7 @@ with DAG(
             "check use (empty: the whole pool; they grow into it only while undecided)",
         ),
         "corpora": corpora_param(),
+        "drop_corpora": drop_corpora_param(),
         "day": day_param(),
     },
     tags=["embedfresh"],
@@ -265,6 +269,7 @@ with DAG(
         **INDEX_ARGS,
         **task_resources("release"),
         corpora=CORPORA,
+        drop_corpora="{{ params.drop_corpora | tojson }}",
         gate="gate",
         approval="approve" if APPROVAL is not None else None,
         # After an approval that skipped itself (nothing to ask), the release still runs.

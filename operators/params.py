@@ -153,6 +153,21 @@ def corpora_param() -> Param:
     )
 
 
+def drop_corpora_param() -> Param:
+    """Corpora of the live release that this release no longer carries: their live views
+    are dropped. A release that leaves out a live corpus without naming it here is
+    refused before it writes anything."""
+    return Param(
+        [],
+        type="array",
+        items={"type": "string", "pattern": r"^[A-Za-z0-9._:+=-]{1,200}$"},
+        uniqueItems=True,
+        description="Corpora of the live release this release stops carrying (their live "
+        "views are dropped); a live corpus left out of `corpora` and not named here refuses "
+        "the release",
+    )
+
+
 def synced_corpora() -> list[str]:
     """The corpora ``corpus_sync`` follows (``EMBEDFRESH_SYNC_CORPORA``, comma-separated;
     default ``products``), read when the DAG file is parsed: one Asset and one task each."""

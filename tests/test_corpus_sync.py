@@ -446,6 +446,20 @@ def test_a_refresh_while_the_corpus_moves_releases_the_corpus_at_the_last_waterm
     record = store.read_json(layout.sync_record(MODEL, "r1", CORPUS))
     assert record["watermark"] == "e" and record["rows"] == len(expected)
 
+    # A rollback killed between its move and its view switch, then a bad change set: the
+    # re-run (to the live release) still switches the view back, and leaves the bad
+    # change set to the corpus sync, which refuses it (exit 2) with the view in place.
+    land(store, "f", change_set(["insert"], [1], ["x"]))
+    with open_index(store.root) as index:
+        index.switch_live(MODEL, CORPUS, read_release(store, MODEL, "r2").corpus(CORPUS).table)
+    again = rollback(RollbackConfig(artifact_root=store.root, model=MODEL, run_id="rb",
+                                    to_release="r1", reason="r2 misbehaves"))  # fmt: skip
+    assert again["already"] and again["live_views_switched"] == [CORPUS]
+    assert again["corpora"][CORPUS]["change_sets_applied_now"] == []
+    assert sorted(table_rows(store)) == sorted(expected)
+    with pytest.raises(BadInputError, match="column op is 'insert'"):
+        sync(store, "s2")
+
 
 def test_a_sync_killed_right_after_its_change_set_committed_is_finished_by_a_plain_rerun(world):
     """The database point of the sync (a change set's upserts, deletes and ledger row, one

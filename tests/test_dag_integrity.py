@@ -203,7 +203,9 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
     assert {"data_interval_start", "data_interval_end", "epochs"} <= set(train["template_fields"])
     assert tasks["gate"]["retries"] == 0 and tasks["health"]["retries"] == 0
     assert tasks["search_check"]["retries"] == 0  # a refused check is a decision
-    assert {"corpora", "action", "reason", "who"} <= set(tasks["release"]["template_fields"])
+    assert {"corpora", "drop_corpora", "action", "reason", "who"} <= set(
+        tasks["release"]["template_fields"]
+    )
     assert {"data_interval_start", "epochs", "nproc_per_node"} <= set(
         tasks["compile"]["template_fields"]
     )
@@ -219,6 +221,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "gate_metrics": ["ndcg_at_10"],
         "judged_queries": None,
         "corpora": ["products"],
+        "drop_corpora": [],
         "day": None,  # not "": the Trigger form takes an empty string for a missing value
     }
     assert dag["deadlines"] == [

@@ -209,7 +209,7 @@ def test_release_side_templates_render_from_the_runs_params_and_user():
         release = ReleaseOperator(
             task_id="release", artifact_root="{{ params.root }}", model="{{ params.model }}",
             corpora="{{ params.corpora | tojson }}", action="{{ params.action }}",
-            reason="{{ params.reason }}",
+            reason="{{ params.reason }}", drop_corpora="{{ params.drop_corpora | tojson }}",
         )  # fmt: skip
         rollback = RollbackOperator(
             task_id="rollback", artifact_root="{{ params.root }}", model="{{ params.model }}",
@@ -222,7 +222,7 @@ def test_release_side_templates_render_from_the_runs_params_and_user():
     params = {
         "root": "file:///r", "model": "minilm", "corpora": ["products", "docs"],
         "action": "promote_anyway", "reason": "recall fixed by hand", "release": "rel-7",
-        "corpus": "docs", "regression": "report",
+        "corpus": "docs", "regression": "report", "drop_corpora": ["faq"],
     }  # fmt: skip
     context = {
         "params": params,
@@ -233,8 +233,8 @@ def test_release_side_templates_render_from_the_runs_params_and_user():
         op.render_template_fields(context, dag.get_template_env())
     cfg = config_of(release.build_job_spec(), ReleaseConfig)
     assert (cfg.artifact_root, cfg.model, cfg.run_id) == ("file:///r", "minilm", "manual__1")
-    assert (cfg.corpora, cfg.action, cfg.reason, cfg.who) == (
-        ["products", "docs"], "promote_anyway", "recall fixed by hand", "alice",
+    assert (cfg.corpora, cfg.action, cfg.reason, cfg.who, cfg.drop_corpora) == (
+        ["products", "docs"], "promote_anyway", "recall fixed by hand", "alice", ["faq"],
     )  # fmt: skip
     cfg = config_of(rollback.build_job_spec(), RollbackConfig)
     assert (cfg.to_release, cfg.reason, cfg.who) == ("rel-7", "recall fixed by hand", "alice")

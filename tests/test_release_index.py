@@ -598,3 +598,26 @@ def test_an_hnsw_graph_outgrowing_its_memory_is_said_in_the_log_naming_the_setti
         assert said and "no longer fits" in said[0] and "1MB" in said[0], said
         found = index.search("big", vectors[:5], 1, ef_search=40)
         assert [int(ids[0]) for ids in found.ids] == [0, 1, 2, 3, 4]
+
+
+def test_a_database_of_an_older_schema_gains_the_new_columns_when_first_connected(index_dsn):
+    """Columns added to the catalogue since its first schema (the live view's generation,
+    the ledger's store tag) are added to a database that lacks them, and only then."""
+    from embedfresh.core.index.pgvector import PgVectorIndex
+
+    with PgVectorIndex(index_dsn):
+        pass
+    columns = (
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = "
+        "'embedfresh' AND column_name IN ('generation', 'etag') ORDER BY 1"
+    )
+    with psycopg.connect(index_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE embedfresh.applied_changes DROP COLUMN etag")
+        conn.execute("ALTER TABLE embedfresh.live DROP COLUMN generation")
+        assert conn.execute(columns).fetchall() == []
+    with PgVectorIndex(index_dsn) as index:
+        assert index.applied_changes("none") == {}
+    with psycopg.connect(index_dsn, autocommit=True) as conn:
+        assert conn.execute(columns).fetchall() == [
+            ("applied_changes", "etag"), ("live", "generation"),
+        ]  # fmt: skip

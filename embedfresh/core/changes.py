@@ -44,7 +44,7 @@ class ChangeSet:
     upsert_ids: np.ndarray
     upsert_texts: list[str]
     delete_ids: np.ndarray
-    etag: str | None = None  # the store's tag of the object, taken before its bytes
+    etag: str | None = None  # the store's tag of these bytes (None: replaced while read)
 
     @property
     def rows(self) -> int:
@@ -67,8 +67,11 @@ def read_change_set(store: ArtifactStore, corpus: str, name: str, id_type: str) 
     """
     rel = layout.change_set(corpus, name)
     url = store.url(rel)
-    etag = store.etag(rel)  # before the read: a set replaced in between is hashed again
+    etag = store.etag(rel)
     data = store.read_bytes(rel)
+    sha256 = sha256_bytes(data)
+    if etag != sha256 and store.etag(rel) != etag:  # replaced while read: no tag to trust
+        etag = None
     table = read_parquet_bytes(data, url)
     missing = [c for c in ("op", "id", "text") if c not in table.column_names]
     if missing:
@@ -101,7 +104,7 @@ def read_change_set(store: ArtifactStore, corpus: str, name: str, id_type: str) 
         )
     return ChangeSet(
         name=name,
-        sha256=sha256_bytes(data),
+        sha256=sha256,
         upsert_ids=ids[upsert],
         upsert_texts=[t for t, u in zip(text, upsert, strict=True) if u],
         delete_ids=ids[~upsert],

@@ -19,7 +19,8 @@ removed today is not, without waiting for the next release. In order:
    the ledger lacks; pgvector keeps the HNSW graph as rows arrive;
 4. for the live release, its live view: switched to the release's table if a release or
    rollback was killed between its registry move and its view switch (the store's record
-   is the truth; the switch is a compare-and-swap that never undoes a newer release's);
+   is the truth; the switch is a compare-and-swap that never undoes a newer release's).
+   Done before the change sets are read: a refused change set never keeps it behind;
 5. the sync record ``models/{model}/sync/{release}/{corpus}.json``: the watermark (the
    last change set the table holds), each change set's counts, the table's rows. The
    release document itself never changes; the record is made from the ledger and written
@@ -52,8 +53,9 @@ def corpus_sync(cfg: CorpusSyncConfig) -> dict[str, Any]:
     release = _release(store, cfg)
     carried = release is not None and cfg.corpus in release.corpora
     with open_index(cfg.artifact_root) as index:
-        done = catch_up(store, index, release, cfg.corpus) if carried else Synced()
+        # The view first: a bad change set (refused below) never keeps it behind.
         view = _view_follows(store, index, cfg, release) if cfg.release is None else None
+        done = catch_up(store, index, release, cfg.corpus) if carried else Synced()
     if not carried:
         log.info("%s: nothing to sync", _no_table(cfg, release))
     record = sync_record(cfg.model, release, cfg.corpus, done)

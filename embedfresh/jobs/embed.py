@@ -218,7 +218,6 @@ class EmbedRun:
         self.version_marker = versions.is_committed(self.store, cfg.model, cfg.version) or {}
         self.corpus_dir = layout.corpus(cfg.corpus)
         self.out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
-        self.report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
         self.totals = dict(rows=0, truncated=0, real_tokens=0, padded_tokens=0, batches=0)
         self.truncated_per_shard: dict[int, int] = {}
         self.embed_seconds = 0.0
@@ -313,6 +312,7 @@ class EmbedRun:
         from embedfresh.ml.model import versions
 
         cfg, store, todo = self.cfg, self.store, self.status.todo
+        self.report_rel = layout.report(cfg.model, cfg.run_id, cfg.report_kind)
         self.todo_rows = _refuse_repeated_ids(store, self.corpus_dir, self.available, todo)
         self.tokenizer = VariableTokenizer(self.version.tokenizer_json, self.max_length)
         self.model = versions.instantiate(self.version).to(self.backend.device)

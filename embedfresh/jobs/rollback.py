@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from embedfresh.core import run_index
+from embedfresh.core.changes import ChangeSet
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import RollbackConfig
 from embedfresh.core.embedding_sets import read_embedding_set
@@ -32,7 +33,13 @@ from embedfresh.core.index import VectorIndex, open_index
 from embedfresh.core.registry import Registry
 from embedfresh.core.releases import Release, read_release
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.embedding.sync import catch_up, sync_record, write_sync_record
+from embedfresh.ml.embedding.sync import (
+    Synced,
+    catch_up,
+    pending_for,
+    sync_record,
+    write_sync_record,
+)
 
 log = logging.getLogger("embedfresh.jobs.rollback")
 
@@ -44,12 +51,17 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
     doc, _ = registry.read()
     registry.check_kept(doc, cfg.to_release, cfg.keep_releases)  # before anything is read
     target = read_release(store, cfg.model, cfg.to_release)
+    live = (doc.get("production") or {}).get("release")
     index_or_none = open_index(cfg.artifact_root) if target.corpora else contextlib.nullcontext()
     with index_or_none as index:
         _still_whole(store, cfg, target, index)
         # Before the pointer moves, the target's tables take the change sets that landed
-        # since they were live: the rolled-back model serves today's corpus.
-        caught = {c: catch_up(store, index, target, c) for c in target.corpora}
+        # since they were live, every one validated first (a bad one refuses the
+        # rollback, nothing written): the rolled-back model serves today's corpus.
+        caught: dict[str, Synced] = {c: Synced() for c in target.corpora}
+        if live != target.release:
+            pending = {c: pending_for(store, index, target, c) for c in target.corpora}
+            caught = {c: catch_up(store, index, target, c, pending[c]) for c in pending}
         move = registry.rollback(target, who=cfg.who, why=cfg.reason,
                                  details={"run_id": cfg.run_id}, keep=cfg.keep_releases)  # fmt: skip
         if move.already:
@@ -64,10 +76,7 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
         switched = [c for c, e in target.corpora.items()
                     if index.switch_live(cfg.model, c, e.table)]  # fmt: skip
         for corpus in target.corpora:
-            # A change set that landed meanwhile went to the release live until the move.
-            late = catch_up(store, index, target, corpus)
-            caught[corpus].pending += late.pending
-            write_sync_record(store, target, corpus, sync_record(cfg.model, target, corpus, late))
+            caught[corpus].pending += _after_the_move(store, index, cfg, target, corpus)
     run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
     return {
         **move.summary(registry.url),
@@ -85,6 +94,24 @@ def rollback(cfg: RollbackConfig) -> dict[str, Any]:
         },  # fmt: skip
         "live_views_switched": switched,
     }
+
+
+def _after_the_move(
+    store: ArtifactStore, index: VectorIndex, cfg: RollbackConfig, target: Release, corpus: str
+) -> list[ChangeSet]:
+    """What landed while the pointer moved (synced to the release live until then), or
+    was left after a kill, applied to the now live table; its sync record written. The
+    move is done: a bad change set is said in the log and left to the corpus sync (it
+    refuses it the same way, naming it), never a failed rollback."""
+    try:
+        late = catch_up(store, index, target, corpus)
+    except BadInputError as e:
+        log.warning("release %s is live, its %r table not caught up: %s (then: python -m "
+                    "embedfresh.jobs.corpus_sync --set model=%s --set corpus=%s)", target.release,
+                    corpus, e, cfg.model, corpus)  # fmt: skip
+        return []
+    write_sync_record(store, target, corpus, sync_record(cfg.model, target, corpus, late))
+    return late.pending
 
 
 def _still_whole(

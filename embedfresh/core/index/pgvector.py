@@ -103,8 +103,20 @@ CREATE TABLE IF NOT EXISTS embedfresh.live (
     PRIMARY KEY (model, corpus)
 );
 CREATE SEQUENCE IF NOT EXISTS embedfresh.live_generation;
-ALTER TABLE embedfresh.live ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0;
-ALTER TABLE embedfresh.applied_changes ADD COLUMN IF NOT EXISTS etag text
+-- Columns added since the first schema, each only where it is missing: ALTER TABLE takes
+-- its table's exclusive lock before IF NOT EXISTS looks, and every connection runs this.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'embedfresh'
+                   AND table_name = 'live' AND column_name = 'generation') THEN
+        ALTER TABLE embedfresh.live ADD COLUMN generation bigint NOT NULL DEFAULT 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'embedfresh'
+                   AND table_name = 'applied_changes' AND column_name = 'etag') THEN
+        ALTER TABLE embedfresh.applied_changes ADD COLUMN etag text;
+    END IF;
+END
+$$
 """
 
 _SQL_TYPES = {"int64": "bigint", "string": "text"}
@@ -412,6 +424,9 @@ class PgVectorIndex(VectorIndex):
         # pgvector says, as a notice, when the graph outgrows maintenance_work_mem and the
         # build goes on on disk, several times slower: said in the log, with the setting.
         def said(notice: psycopg.errors.Diagnostic) -> None:
+            if "maintenance_work_mem" not in (notice.message_primary or ""):
+                log.info("building %s: %s", index, notice.message_primary)
+                return
             log.warning("building %s: %s %s (maintenance_work_mem is %s: the index load's "
                         "setting)", index, notice.message_primary, notice.message_detail or "",
                         settings.maintenance_work_mem)  # fmt: skip

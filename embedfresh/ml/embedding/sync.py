@@ -44,13 +44,29 @@ class Synced:
     rows: int = 0
 
 
-def catch_up(store: ArtifactStore, index: VectorIndex, release: Release, corpus: str) -> Synced:
-    """The release's table of ``corpus`` brought up to date with the corpus's change
-    sets: those its ledger lacks, every one validated before the first row is written
-    (:func:`~embedfresh.core.changes.pending_changes`)."""
-    entry = release.corpus(corpus)
+def pending_for(
+    store: ArtifactStore, index: VectorIndex, release: Release, corpus: str
+) -> list[ChangeSet]:
+    """The change sets the release's table of ``corpus`` lacks, every one read and
+    validated (:func:`~embedfresh.core.changes.pending_changes`: a bad one raises
+    :class:`~embedfresh.core.exit_codes.BadInputError` before anything is written)."""
     eset = read_embedding_set(store, release.model, release.version, corpus)
-    pending = pending_changes(store, index, entry.table, corpus, id_type(store, eset))
+    table = release.corpus(corpus).table
+    return pending_changes(store, index, table, corpus, id_type(store, eset))
+
+
+def catch_up(
+    store: ArtifactStore,
+    index: VectorIndex,
+    release: Release,
+    corpus: str,
+    pending: list[ChangeSet] | None = None,
+) -> Synced:
+    """The release's table of ``corpus`` brought up to date with the corpus's change
+    sets: ``pending``, or those :func:`pending_for` finds now."""
+    entry = release.corpus(corpus)
+    if pending is None:
+        pending = pending_for(store, index, release, corpus)
     if pending:
         writing_elsewhere(store.root)  # the lease, before the first row
     else:
