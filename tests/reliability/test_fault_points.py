@@ -371,11 +371,14 @@ def run_matrix(
     leftovers: Callable[[], list[str]],
     logs: Path,
     sample: Sample | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> None:
     """The matrix of one job on one store: a clean run records the points and the state
     to reach; each point is killed, then re-run plainly and compared. ``run(*args,
     env=...)`` starts the job; ``restore()`` puts the store back to before the job.
-    ``sample``: kill only the points it chooses (printed, with its seed), else every one."""
+    ``sample``: kill only the points it chooses (printed, with its seed), else every one.
+    ``share``: ``(i, n)`` kills the i-th of every n chosen points, so a long matrix runs
+    as n tests (each with its own clean run) that together kill every chosen point."""
     restore()
     log = logs / "clean.log"
     clean = run(*args, env={WRITES_LOG: str(log)})
@@ -389,6 +392,10 @@ def run_matrix(
     if sample is not None:
         chosen = sample.choose(label, points)
         chose = sample.describe(label, chosen, points)
+    part, parts = share
+    if parts > 1:
+        chosen = chosen[part::parts]
+        chose += f"; this test kills share {part + 1} of {parts}: " + "; ".join(chosen)
     print(chose)
 
     failures = []
