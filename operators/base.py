@@ -77,6 +77,7 @@ JOB_CONFIGS: Mapping[str, str] = {
     "search": "SearchConfig",
     "export_st": "ExportConfig",
     "publish_model": "PublishModelConfig",
+    "import_labels": "ImportLabelsConfig",
 }
 
 #: The AWS connection an operator uses when none is named (the Amazon provider's own).

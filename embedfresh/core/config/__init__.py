@@ -7,7 +7,12 @@ before a job's first write. Torch-free, so the control plane can build and check
 
 from embedfresh.core.config.base import JobConfig, load_config, parse_override
 from embedfresh.core.config.embedding import EmbedConfig, ExportConfig
-from embedfresh.core.config.evaluation import EvaluateConfig, GateConfig, PublishModelConfig
+from embedfresh.core.config.evaluation import (
+    EvaluateConfig,
+    GateConfig,
+    ImportLabelsConfig,
+    PublishModelConfig,
+)
 from embedfresh.core.config.health import HealthConfig
 from embedfresh.core.config.release import (
     AnnConfig,
@@ -45,6 +50,7 @@ __all__ = [
     "ExportConfig",
     "GateConfig",
     "HealthConfig",
+    "ImportLabelsConfig",
     "JobConfig",
     "ParityConfig",
     "PublishModelConfig",

@@ -158,3 +158,39 @@ class PublishModelConfig(JobConfig):
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "name")
+
+
+class ImportLabelsConfig(JobConfig):
+    """A team's relevance labels, in the shape they have, written as a data set's
+    judgments; a BEIR folder's collection as the corpus they judge (docs/DATA.md "From
+    the labels a team has")."""
+
+    source: str
+    """Where the labels are: a local path, ``file://...`` or ``s3://...``. ``esci`` and
+    ``clicks``: one file (``.parquet``, ``.csv``, ``.tsv`` or ``.jsonl``); ``beir``: the
+    data set's folder (``queries.jsonl``, ``qrels/<split>.tsv``, ``corpus.jsonl``)."""
+    shape: Literal["esci", "beir", "clicks"]
+    """``esci``: ESCI-style judgments (``query_id``, ``query``, ``product_id``,
+    ``esci_label`` E/S/C/I); ``beir``: a BEIR / MS MARCO folder; ``clicks``: a click log
+    (``query``, ``doc_id``, ``event``, optional ``query_id``)."""
+    dataset: str
+    """The data set whose judgments are written (``datasets/{dataset}/judgments/``);
+    judgments already there are replaced."""
+    corpus: str = "products"
+    """The corpus the labels judge. A ``beir`` import writes the folder's
+    ``corpus.jsonl`` there when the store has no such corpus (else the store's stands)."""
+    split: str = "test"
+    """``beir``: the qrels read, ``qrels/{split}.tsv``; ``esci``: the rows of this
+    ``split`` (a source without the column is read whole)."""
+    locale: str | None = None
+    """``esci``: only the rows of this ``product_locale`` (``us``, ``es``, ``jp``)."""
+    max_missing: int = Field(default=0, ge=0)
+    """Judged document ids the corpus does not hold that are tolerated (counted in the
+    report); one more is refused, naming a row: such a document can never be found."""
+    corpus_shard_rows: int = Field(default=50_000, ge=1)
+    """``beir``: texts per part of the corpus written, the unit of the embed job's work."""
+
+    @field_validator("dataset", "corpus", "split")
+    @classmethod
+    def _segment(cls, v: str) -> str:
+        return safe_id(v, "name")

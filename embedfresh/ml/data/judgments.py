@@ -157,11 +157,22 @@ def read_judgments(store: ArtifactStore, dataset: str, id_type: str | None = Non
     return _build(dataset, table, [store.url(f"{directory}/{n}") for n in names], tables, spec)
 
 
+def check_judgments(
+    dataset: str, table: pa.Table, url: str, spec: dict, id_type: str | None = None
+) -> Judgments:
+    """The judgments one table (to be written at ``url``) holds, checked by the rules
+    :func:`read_judgments` applies: what an import validates before its first write."""
+    conformed = conform(table, url, id_type)
+    return _build(dataset, conformed, [url], [conformed], spec)
+
+
 def _conform(store: ArtifactStore, rel: str, id_type: str | None) -> pa.Table:
+    return conform(read_parquet(store, rel, read_dictionary=["query"]), store.url(rel), id_type)
+
+
+def conform(table: pa.Table, url: str, id_type: str | None) -> pa.Table:
     """One file's four columns, checked and cast; the query texts dictionary-encoded (a
     few distinct texts repeated on every judged document of their query)."""
-    url = store.url(rel)
-    table = read_parquet(store, rel, read_dictionary=["query"])
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
         raise BadInputError(

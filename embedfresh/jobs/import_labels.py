@@ -1,0 +1,248 @@
+"""Import labels: ``python -m embedfresh.jobs.import_labels --set source=S --set shape=esci
+--set dataset=D --set corpus=C``.
+
+A team's relevance labels, in the shape it has (ESCI-style judgments, a BEIR / MS MARCO
+folder, a click log: :mod:`embedfresh.ml.data.convert`), become the judgments of data set
+``D`` (``datasets/D/judgments/part-00000.parquet`` and ``judgments.json``, marked
+incomplete: docs/DATA.md), which the gate's evaluation and the search check of corpus
+``C`` score on. A ``beir`` import also writes the folder's ``corpus.jsonl`` as corpus
+``C`` when the store has none (or finishes one a killed import began).
+
+Everything is read and checked before the first write, by the rules the evaluations
+read judgments with (exit 2 naming the file and a row): the source's columns and
+labels, one text per query, one grade per pair, document ids of the corpus's type, and
+judged documents the corpus does not hold (refused past ``max_missing``). Writes come
+in an order a kill between any two leaves re-runnable: the corpus's parts, then the
+judgments, then the stale parts of an earlier import are removed, then
+``judgments.json``; the same source writes the same bytes. Writes
+``runs/{model}/{run_id}/reports/import-{dataset}.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import csv as pa_csv
+from pyarrow import json as pa_json
+
+from embedfresh.core import layout
+from embedfresh.core.cli import main_for
+from embedfresh.core.config import ImportLabelsConfig
+from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet_bytes
+from embedfresh.core.shards import list_parts, read_corpus_shard
+from embedfresh.core.storage import ArtifactStore, sha256_bytes
+from embedfresh.ml.data import convert
+from embedfresh.ml.data.generate import parquet_bytes
+from embedfresh.ml.data.judgments import SPEC, check_judgments, write_spec
+
+log = logging.getLogger("embedfresh.jobs.import_labels")
+
+#: Columns read as strings from CSV and JSON whatever they look like: ids keep their
+#: text (``"007"`` is not 7) until the converter decides their type.
+ID_COLUMNS = ("query_id", "product_id", "doc_id", "query-id", "corpus-id", "_id")
+
+
+def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
+    """Convert, check, then write the judgments (and a BEIR collection's corpus)."""
+    store = ArtifactStore(cfg.artifact_root)
+    source = _source(cfg)
+    corpus_rel = layout.corpus(cfg.corpus)
+    existing = list_parts(store, corpus_rel)
+    corpus_parts: list[bytes] = []
+    if cfg.shape == "beir":
+        collection = convert.beir_corpus(
+            source.table("corpus.jsonl"), source.url("corpus.jsonl"), None
+        )
+        corpus_parts = _parts(collection, cfg.corpus_shard_rows)
+        if not _ours(store, corpus_rel, existing, corpus_parts):
+            log.info("corpus %s exists: its own ids are judged, %s is not written",
+                     store.url(corpus_rel), source.url("corpus.jsonl"))  # fmt: skip
+            corpus_parts = []
+    corpus_ids = _corpus_ids(store, corpus_rel, existing, corpus_parts)
+    id_type = None if corpus_ids is None else _id_type(corpus_ids)
+    table, where = _convert(cfg, source, id_type)
+    judged = check_judgments(cfg.dataset, table, where, {"corpus": cfg.corpus}, id_type)
+    missing = _missing(table, corpus_ids, where, cfg.max_missing)
+
+    for index, data in enumerate(corpus_parts):
+        rel = f"{corpus_rel}/{layout.part_name(index)}"
+        if not store.exists(rel):
+            store.write_bytes(rel, data)
+    if corpus_parts:
+        log.info("wrote corpus %s: %d texts in %d parts", store.url(corpus_rel),
+                 len(corpus_ids), len(corpus_parts))  # fmt: skip
+    _write_judgments(store, cfg, table)
+    report = {
+        "status": "ok",
+        "source": source.url(""),
+        "shape": cfg.shape,
+        "dataset": cfg.dataset,
+        "corpus": cfg.corpus,
+        "corpus_written": len(corpus_parts) > 0,
+        "rows": table.num_rows,
+        "queries": int(len(np.unique(table.column("query_id").to_numpy()))),
+        "scorable_queries": len(judged),
+        "grades": {
+            str(g): int(n)
+            for g, n in zip(
+                *np.unique(table.column("grade").to_numpy(), return_counts=True), strict=True
+            )
+        },  # fmt: skip
+        "query_ids_hashed": "query_ref" in table.column_names,
+        "missing_from_corpus": missing,
+    }
+    store.write_json(layout.report(cfg.model, cfg.run_id, f"import-{cfg.dataset}"), report)
+    return report
+
+
+class _Source:
+    """The source's files, read as Arrow tables by their extension."""
+
+    def __init__(self, root: str, name: str | None) -> None:
+        self.store, self.name = ArtifactStore(root), name
+
+    def url(self, rel: str) -> str:
+        return self.store.url(rel or (self.name or ""))
+
+    def table(self, rel: str = "") -> pa.Table:
+        rel = rel or (self.name or "")
+        url = self.url(rel)
+        if not self.store.exists(rel):
+            raise BadInputError(f"{url} does not exist")
+        data = self.store.read_bytes(rel)
+        suffix = Path(rel).suffix.lower()
+        try:
+            if suffix == ".parquet":
+                return read_parquet_bytes(data, url)
+            if suffix in (".csv", ".tsv"):
+                return pa_csv.read_csv(
+                    io.BytesIO(data),
+                    parse_options=pa_csv.ParseOptions(
+                        delimiter="\t" if suffix == ".tsv" else ",",
+                        quote_char=False if suffix == ".tsv" else '"',
+                    ),
+                    convert_options=pa_csv.ConvertOptions(
+                        column_types={c: pa.string() for c in ID_COLUMNS}
+                    ),
+                )
+            if suffix in (".jsonl", ".json"):
+                return _json_lines(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise BadInputError(f"{url} is not readable as {suffix[1:]}: {e}") from e
+        raise BadInputError(f"{url}: expected a .parquet, .csv, .tsv or .jsonl file")
+
+
+def _json_lines(data: bytes) -> pa.Table:
+    """JSON Lines with the id columns as strings (a number is read as its text)."""
+    table = pa_json.read_json(io.BytesIO(data))
+    for name in ID_COLUMNS:
+        if name in table.column_names and not pa.types.is_string(table.column(name).type):
+            index = table.column_names.index(name)
+            table = table.set_column(index, name, pc.cast(table.column(name), pa.string()))
+    return table
+
+
+def _source(cfg: ImportLabelsConfig) -> _Source:
+    url = cfg.source if "://" in cfg.source else Path(cfg.source).expanduser().resolve().as_uri()
+    url = url.rstrip("/")
+    if cfg.shape == "beir":
+        return _Source(url, None)
+    root, _, name = url.rpartition("/")
+    return _Source(root, name)
+
+
+def _convert(cfg: ImportLabelsConfig, source: _Source, id_type: str | None) -> tuple[pa.Table, str]:
+    """The judgments of the source, and the file whose rows they are."""
+    if cfg.shape == "esci":
+        where = source.url("")
+        return convert.from_esci(source.table(), where, id_type, cfg.split, cfg.locale), where
+    if cfg.shape == "clicks":
+        where = source.url("")
+        return convert.from_clicks(source.table(), where, id_type), where
+    qrels = f"qrels/{cfg.split}.tsv"
+    where = source.url(qrels)
+    table = convert.from_beir(
+        source.table("queries.jsonl"), source.table(qrels),
+        (source.url("queries.jsonl"), where), id_type,
+    )  # fmt: skip
+    return table, where
+
+
+def _parts(corpus: pa.Table, rows: int) -> list[bytes]:
+    return [parquet_bytes(corpus.slice(i, rows)) for i in range(0, corpus.num_rows, rows)]
+
+
+def _ours(store: ArtifactStore, rel: str, existing: dict[int, str], parts: list[bytes]) -> bool:
+    """Whether the corpus is this import's to write: none yet, or only parts equal to
+    this import's (an import killed while writing it)."""
+    return all(
+        index < len(parts) and sha256_bytes(store.read_bytes(f"{rel}/{name}")) == sha256_bytes(
+            parts[index])
+        for index, name in existing.items()
+    )  # fmt: skip
+
+
+def _corpus_ids(
+    store: ArtifactStore, rel: str, existing: dict[int, str], parts: list[bytes]
+) -> np.ndarray | None:
+    """The ids of the corpus judged: this import's when it writes it, else the store's;
+    None when there is none (the judgments then keep the ids as the source has them)."""
+    if parts:
+        tables = [read_parquet_bytes(data, store.url(rel)) for data in parts]
+        return np.concatenate([t.column("id").to_numpy(zero_copy_only=False) for t in tables])
+    if not existing:
+        return None
+    ids = [read_corpus_shard(store, f"{rel}/{name}")[0] for name in existing.values()]
+    return np.concatenate(ids)
+
+
+def _id_type(ids: np.ndarray) -> str:
+    return "int64" if np.issubdtype(ids.dtype, np.integer) else "string"
+
+
+def _missing(table: pa.Table, corpus_ids: np.ndarray | None, where: str, allowed: int) -> int:
+    """Judged documents the corpus does not hold: counted, refused past ``allowed``."""
+    if corpus_ids is None:
+        log.warning("no corpus to check the judged documents against: an id it lacks is "
+                    "left out of the evaluations, counted in their reports")  # fmt: skip
+        return 0
+    docs = table.column("doc_id").to_numpy(zero_copy_only=False)
+    absent = ~np.isin(docs, corpus_ids)
+    count = int(absent.sum())
+    if count > allowed:
+        row = int(np.argmax(absent))
+        raise BadInputError(
+            f"{where}: {count} judged documents are not in the corpus, the first "
+            f"{docs[row]!r} at row {row} (max_missing={allowed}): such a document can "
+            "never be found; fix the ids, or raise max_missing to accept them"
+        )
+    if count:
+        log.warning("%d judged documents are not in the corpus (max_missing %d): they "
+                    "are left out of the evaluations", count, allowed)  # fmt: skip
+    return count
+
+
+def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table) -> None:
+    """The judgments as one part, then stale parts removed, then the spec."""
+    directory = layout.judgments(cfg.dataset)
+    table = table.sort_by([("query_id", "ascending"), ("doc_id", "ascending")])
+    name = layout.part_name(0)
+    store.write_bytes(f"{directory}/{name}", parquet_bytes(table))
+    for stale in store.listdir(directory):
+        if stale.endswith(".parquet") and stale != name:
+            log.info("removing %s of an earlier import", store.url(f"{directory}/{stale}"))
+            store.remove(f"{directory}/{stale}")
+    write_spec(store, cfg.dataset, complete=False, corpus=cfg.corpus)
+    log.info("wrote %d judgments of %s (%s)", table.num_rows, cfg.dataset,
+             store.url(f"{directory}/{SPEC}"))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main_for("import_labels", ImportLabelsConfig, import_labels)
