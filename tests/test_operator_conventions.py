@@ -23,6 +23,7 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from embedfresh.connections import s3_storage_options
 from embedfresh.core.config import EvaluateConfig, JobConfig
 from embedfresh.core.results import ResultTicket, write_result
 from embedfresh.core.settings import ARTIFACT_ROOT_ENV
@@ -36,7 +37,7 @@ from embedfresh.operators import (
 from embedfresh.operators.base import JOB_CONFIGS, SettingsError
 from embedfresh.operators.lineage import DatasetRef, job_datasets, operator_lineage
 from embedfresh.operators.links import MODEL_QUALITY_PATH, ModelQualityLink, model_quality_url
-from embedfresh.operators.store import connection_scope, connection_storage_options
+from embedfresh.operators.store import connection_scope
 from tests.conftest import ROOT
 
 BATCH = {"job_definition": "embedfresh-train", "job_queue": "embedfresh-queue"}
@@ -203,8 +204,8 @@ def test_the_operator_reads_an_s3_store_through_its_aws_connection(s3_endpoint, 
     monkeypatch.setenv("AIRFLOW_CONN_STORE_S3", json.dumps(connection))
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    assert connection_storage_options("file:///x", "store_s3") is None  # no lookup at all
-    assert connection_storage_options(root, "store_s3")["endpoint_url"] == s3_endpoint
+    assert s3_storage_options("file:///x", "store_s3") is None  # no lookup at all
+    assert s3_storage_options(root, "store_s3")["endpoint_url"] == s3_endpoint
     with connection_scope(root, "store_s3"):
         write_result(
             JobConfig(artifact_root=root, model="minilm", run_id="r1"),

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlparse
 
+from embedfresh.connections import s3_storage_options
 from embedfresh.core.settings import default_artifact_root
 
 #: The URL prefix the plugin's FastAPI app is mounted under in the api-server.
@@ -35,24 +35,12 @@ def aws_conn_id() -> str | None:
 
 
 def storage_options(root: str) -> dict[str, Any] | None:
-    """s3fs options for the store at ``root`` from :func:`aws_conn_id`'s connection,
-    resolved through the Amazon provider's ``S3Hook`` as its own ``s3://``
-    ObjectStoragePath does (session, S3 endpoint, botocore ``config_kwargs``); ``None``
-    for a root not on S3 or no connection configured. Read per request, so a changed
+    """s3fs options for the store at ``root`` from :func:`aws_conn_id`'s connection
+    (:func:`embedfresh.connections.s3_storage_options`, the operators' own); ``None`` for
+    a root not on S3 or no connection configured. Read per request, so a changed
     connection applies without a restart; the session refreshes its own credentials.
     """
-    conn_id = aws_conn_id()
-    if conn_id is None or urlparse(str(root)).scheme != "s3":
-        return None
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    hook = S3Hook(aws_conn_id=conn_id)
-    options: dict[str, Any] = {"session": hook.get_session(deferrable=True)}
-    if endpoint := hook.conn_config.get_service_endpoint_url(service_name="s3"):
-        options["endpoint_url"] = endpoint
-    if config := hook.conn_config.extra_config.get("config_kwargs"):
-        options["config_kwargs"] = dict(config)
-    return options
+    return s3_storage_options(root, aws_conn_id())
 
 
 #: The DAGs a person runs to move production by hand (dags/model_overrides.py), by the
