@@ -102,156 +102,190 @@ def _check_part(
 def verify(cfg: EmbedConfig) -> dict[str, Any]:
     """Check every corpus shard's embeddings, then write ``_MANIFEST.json`` last."""
     started = time.perf_counter()
-    store = ArtifactStore(cfg.artifact_root)
-    corpus_dir = layout.corpus(cfg.corpus)
-    out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
-    corpus = corpus_shards(store, cfg.corpus)
-    outputs = list_parts(store, out_dir)
-    problems: list[str] = []
-    for index in outputs:
-        if index not in corpus:
-            problems.append(f"{outputs[index]}: no such corpus shard (stale output)")
-    parts: dict[str, dict[str, Any]] = {}
-    files: dict[str, tuple[str, int]] = {}
-    hidden_sizes = set()
-    settings_seen: dict[str, list[str]] = {}
-    version_marker = markers.read_marker(store, layout.model_version(cfg.model, cfg.version))
-    if version_marker is None:
-        raise BadInputError(
-            f"model version {store.url(layout.model_version(cfg.model, cfg.version))} "
-            "is not committed"
+    check = _Verification(ArtifactStore(cfg.artifact_root), cfg)
+    check.every_shard()
+    check.refuse_on_problems()
+    check.parts_unchanged()
+    return {**check.publish(), "seconds": round(time.perf_counter() - started, 3)}
+
+
+class _Verification:
+    """One verification: the shards' checks add up here (problems, parts, throughput);
+    the manifest is written only from a verification without a problem."""
+
+    def __init__(self, store: ArtifactStore, cfg: EmbedConfig) -> None:
+        self.store, self.cfg = store, cfg
+        self.corpus_dir = layout.corpus(cfg.corpus)
+        self.out_dir = layout.embeddings(cfg.model, cfg.version, cfg.corpus)
+        self.corpus = corpus_shards(store, cfg.corpus)
+        outputs = list_parts(store, self.out_dir)
+        self.problems = [
+            f"{name}: no such corpus shard (stale output)"
+            for index, name in outputs.items()
+            if index not in self.corpus
+        ]
+        self.version_marker = markers.read_marker(
+            store, layout.model_version(cfg.model, cfg.version)
         )
-    rows = 0
-    embed_seconds = 0.0
-    real_tokens = padded_tokens = truncated = 0
-    shard_ids = CrossShardIds()
-    try:
-        for index, corpus_name in corpus.items():
-            name = layout.part_name(index)
-            check = markers.verify(store, out_dir, commit_name(index))
-            if not check.ok:
-                problems.append(f"{name}: not committed ({check.reason})")
-                continue
-            marker = markers.read_marker(store, out_dir, commit_name(index)) or {}
-            if marker.get("version") != cfg.version or name not in marker["files"]:
-                problems.append(f"{name}: its commit marker is for another version or file")
-                continue
-            recorded = marker.get("reuse_key")
-            if not isinstance(recorded, dict):
-                problems.append(
-                    f"{name}: embedded before reuse keys (older output format): re-run the embed "
-                    "job, which recomputes it"
-                )
-                continue
-            current = reuse_key(
-                store=store,
-                source_rel=f"{corpus_dir}/{corpus_name}",
-                version_marker=version_marker,
-                settings={},
+        if self.version_marker is None:
+            raise BadInputError(
+                f"model version {store.url(layout.model_version(cfg.model, cfg.version))} "
+                "is not committed"
             )
-            stale = [k for k in SOURCE_KEYS if recorded.get(k) != current.get(k)]
-            if stale:
-                problems.append(
-                    f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
-                    "the embed job, which recomputes it"
+        self.parts: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, tuple[str, int]] = {}
+        self.hidden_sizes: set[int] = set()
+        self.settings_seen: dict[str, list[str]] = {}
+        self.rows, self.embed_seconds = 0, 0.0
+        self.real_tokens = self.padded_tokens = self.truncated = 0
+
+    def every_shard(self) -> None:
+        """Each shard's part against its corpus shard, then ids across shards (kept on
+        disk, hash-partitioned: memory bounded whatever the corpus's size)."""
+        shard_ids = CrossShardIds()
+        try:
+            for index, corpus_name in self.corpus.items():
+                corpus_ids = self._shard(index, corpus_name)
+                if corpus_ids is not None:
+                    shard_ids.add(index, corpus_ids)
+            if shard_ids.mixed:
+                named = ", ".join(
+                    f"{layout.part_name(i)} {t}" for t, i in shard_ids.first_shard.items()
                 )
-                continue
-            shard_settings = {k: v for k, v in recorded.items() if k not in SOURCE_KEYS}
-            settings_seen.setdefault(json.dumps(shard_settings, sort_keys=True), []).append(name)
-            corpus_ids, _ = read_corpus_shard(store, f"{corpus_dir}/{corpus_name}")
-            shard_ids.add(index, corpus_ids)
-            part_problems, hidden = _check_part(store, f"{out_dir}/{name}", corpus_ids, cfg.version)
-            problems.extend(f"{name}: {p}" for p in part_problems)
-            if hidden is not None:
-                hidden_sizes.add(hidden)
-            entry = marker["files"][name]
-            files[name] = (entry["sha256"], entry["size"])
-            parts[name] = {
-                "rows": len(corpus_ids),
-                "sha256": entry["sha256"],
-                "size": entry["size"],
-            }
-            rows += len(corpus_ids)
-            embed_seconds += float(marker.get("embed_seconds", 0.0))
-            real_tokens += int(marker.get("real_tokens", 0))
-            padded_tokens += int(marker.get("padded_tokens", 0))
-            truncated += int(marker.get("truncated", 0))
-        if shard_ids.mixed:
-            named = ", ".join(
-                f"{layout.part_name(i)} {t}" for t, i in shard_ids.first_shard.items()
-            )
-            problems.append(f"corpus shards mix int64 and string ids (first of each: {named})")
-        else:
-            # On disk, hash-partitioned: memory bounded whatever the corpus's size.
-            dups = shard_ids.duplicates()
-            if dups.count:
+                self.problems.append(
+                    f"corpus shards mix int64 and string ids (first of each: {named})"
+                )
+            elif (dups := shard_ids.duplicates()).count:
                 where = [layout.part_name(i) for i in dups.shards]
-                problems.append(
+                self.problems.append(
                     f"{dups.count} ids appear in more than one corpus shard ({', '.join(where)}; "
                     f"e.g. {dups.examples})"
                 )
-    finally:
-        shard_ids.close()
-    if len(hidden_sizes) > 1:
-        problems.append(f"parts disagree on the vector width: {sorted(hidden_sizes)}")
-    if len(settings_seen) > 1:
-        # One manifest, one way of embedding: mixed truncation, quantisation or backends
-        # would publish vectors that do not compare.
-        groups = "; ".join(f"{', '.join(n[:3])}: {k}" for k, n in settings_seen.items())
-        problems.append(
-            f"parts were embedded with different settings ({groups}): re-run the embed job "
-            "with one setting for every shard"
+        finally:
+            shard_ids.close()
+        if len(self.hidden_sizes) > 1:
+            self.problems.append(f"parts disagree on the vector width: {sorted(self.hidden_sizes)}")
+        if len(self.settings_seen) > 1:
+            # One manifest, one way of embedding: mixed truncation, quantisation or backends
+            # would publish vectors that do not compare.
+            groups = "; ".join(f"{', '.join(n[:3])}: {k}" for k, n in self.settings_seen.items())
+            self.problems.append(
+                f"parts were embedded with different settings ({groups}): re-run the embed job "
+                "with one setting for every shard"
+            )
+
+    def _shard(self, index: int, corpus_name: str) -> np.ndarray | None:
+        """Check one shard's part; its corpus ids, or None when it is not committed as
+        this version's, from the corpus shard as it is now (its problem recorded)."""
+        store, out_dir, name = self.store, self.out_dir, layout.part_name(index)
+        check = markers.verify(store, out_dir, commit_name(index))
+        if not check.ok:
+            self.problems.append(f"{name}: not committed ({check.reason})")
+            return None
+        marker = markers.read_marker(store, out_dir, commit_name(index)) or {}
+        if marker.get("version") != self.cfg.version or name not in marker["files"]:
+            self.problems.append(f"{name}: its commit marker is for another version or file")
+            return None
+        recorded = marker.get("reuse_key")
+        if not isinstance(recorded, dict):
+            self.problems.append(
+                f"{name}: embedded before reuse keys (older output format): re-run the embed "
+                "job, which recomputes it"
+            )
+            return None
+        source_rel = f"{self.corpus_dir}/{corpus_name}"
+        current = reuse_key(store=store, source_rel=source_rel,
+                            version_marker=self.version_marker, settings={})  # fmt: skip
+        stale = [k for k in SOURCE_KEYS if recorded.get(k) != current.get(k)]
+        if stale:
+            self.problems.append(
+                f"{name}: stale ({', '.join(stale)} changed since it was embedded): re-run "
+                "the embed job, which recomputes it"
+            )
+            return None
+        shard_settings = {k: v for k, v in recorded.items() if k not in SOURCE_KEYS}
+        self.settings_seen.setdefault(json.dumps(shard_settings, sort_keys=True), []).append(name)
+        corpus_ids, _ = read_corpus_shard(store, source_rel)
+        part_problems, hidden = _check_part(
+            store, f"{out_dir}/{name}", corpus_ids, self.cfg.version
         )
-    if problems:
-        shown = "; ".join(problems[:20])
-        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
-        raise BadInputError(
-            f"embeddings {store.url(out_dir)} of corpus {cfg.corpus!r} do not verify: {shown}{more}"
-        )
-    # Defensive: the part bytes must still match what the markers recorded.
-    for name, (sha, size) in files.items():
-        data = store.read_bytes(f"{out_dir}/{name}")
-        if len(data) != size or sha256_bytes(data) != sha:
-            raise BadInputError(f"{store.url(f'{out_dir}/{name}')} changed after its commit")
-    manifest_meta = {
-        "kind": "embeddings",
-        "model": cfg.model,
-        "version": cfg.version,
-        "corpus": cfg.corpus,
-        "corpus_url": store.url(corpus_dir),
-        "hidden": hidden_sizes.pop(),
-        # How every part was embedded (truncation length, pooling, prompt, quantisation, ...).
-        "settings": json.loads(next(iter(settings_seen))) if settings_seen else {},
-        "rows": rows,
-        "parts": parts,
-        "throughput": {
+        self.problems.extend(f"{name}: {p}" for p in part_problems)
+        if hidden is not None:
+            self.hidden_sizes.add(hidden)
+        entry = marker["files"][name]
+        self.files[name] = (entry["sha256"], entry["size"])
+        self.parts[name] = {
+            "rows": len(corpus_ids),
+            "sha256": entry["sha256"],
+            "size": entry["size"],
+        }
+        self.rows += len(corpus_ids)
+        self.embed_seconds += float(marker.get("embed_seconds", 0.0))
+        self.real_tokens += int(marker.get("real_tokens", 0))
+        self.padded_tokens += int(marker.get("padded_tokens", 0))
+        self.truncated += int(marker.get("truncated", 0))
+        return corpus_ids
+
+    def refuse_on_problems(self) -> None:
+        if self.problems:
+            shown = "; ".join(self.problems[:20])
+            more = f" (and {len(self.problems) - 20} more)" if len(self.problems) > 20 else ""
+            raise BadInputError(
+                f"embeddings {self.store.url(self.out_dir)} of corpus {self.cfg.corpus!r} do not "
+                f"verify: {shown}{more}"
+            )
+
+    def parts_unchanged(self) -> None:
+        """Defensive: the part bytes must still match what the markers recorded."""
+        for name, (sha, size) in self.files.items():
+            data = self.store.read_bytes(f"{self.out_dir}/{name}")
+            if len(data) != size or sha256_bytes(data) != sha:
+                raise BadInputError(
+                    f"{self.store.url(f'{self.out_dir}/{name}')} changed after its commit"
+                )
+
+    def publish(self) -> dict[str, Any]:
+        """``_MANIFEST.json``, unless it already lists these parts: a release names the
+        manifest by its sha256, so verifying the same parts again must not rewrite it
+        (only its clock would change)."""
+        store, cfg, rows = self.store, self.cfg, self.rows
+        meta = {
+            "kind": "embeddings",
+            "model": cfg.model,
+            "version": cfg.version,
+            "corpus": cfg.corpus,
+            "corpus_url": store.url(self.corpus_dir),
+            "hidden": self.hidden_sizes.pop(),
+            # How every part was embedded (truncation length, pooling, prompt, quantisation, ...).
+            "settings": json.loads(next(iter(self.settings_seen))) if self.settings_seen else {},
             "rows": rows,
-            "embed_seconds": round(embed_seconds, 6),
-            "sentences_per_s": round(rows / embed_seconds, 3) if embed_seconds else None,
-            "truncated": truncated,
-            "padding_efficiency": (
-                round(real_tokens / padded_tokens, 6) if padded_tokens else None
-            ),
-        },
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-    existing = markers.read_marker(store, out_dir, MANIFEST)
-    if existing is not None and _same_set(existing, files, manifest_meta):
-        # A release names this manifest by its sha256: verifying the same parts again
-        # must not rewrite it (only its clock would change).
-        log.info(
-            "verified %d rows in %d parts; %s already lists them: kept", rows, len(parts), MANIFEST
-        )
-    else:
-        markers.write_marker(store, out_dir, files, meta=manifest_meta, name=MANIFEST)
-        log.info("verified %d rows in %d parts; wrote %s", rows, len(parts), MANIFEST)
-    return {
-        "status": "ok",
-        "rows": rows,
-        "parts": len(parts),
-        "manifest": store.url(f"{out_dir}/{MANIFEST}"),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+            "parts": self.parts,
+            "throughput": {
+                "rows": rows,
+                "embed_seconds": round(self.embed_seconds, 6),
+                "sentences_per_s": round(rows / self.embed_seconds, 3)
+                if self.embed_seconds
+                else None,
+                "truncated": self.truncated,
+                "padding_efficiency": (
+                    round(self.real_tokens / self.padded_tokens, 6) if self.padded_tokens else None
+                ),
+            },
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        }
+        existing = markers.read_marker(store, self.out_dir, MANIFEST)
+        if existing is not None and _same_set(existing, self.files, meta):
+            log.info("verified %d rows in %d parts; %s already lists them: kept",
+                     rows, len(self.parts), MANIFEST)  # fmt: skip
+        else:
+            markers.write_marker(store, self.out_dir, self.files, meta=meta, name=MANIFEST)
+            log.info("verified %d rows in %d parts; wrote %s", rows, len(self.parts), MANIFEST)
+        return {
+            "status": "ok",
+            "rows": rows,
+            "parts": len(self.parts),
+            "manifest": store.url(f"{self.out_dir}/{MANIFEST}"),
+        }
 
 
 def _same_set(

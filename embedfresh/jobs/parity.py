@@ -41,7 +41,7 @@ from embedfresh.core.cli import main_for
 from embedfresh.core.config import ParityConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError, TransientError
 from embedfresh.core.storage import ArtifactStore
-from embedfresh.ml.gate.decision import CurveResult, gate_curve
+from embedfresh.ml.gate.decision import CurvePoint, CurveResult, gate_curve
 from embedfresh.ml.gate.outcomes import load_outcomes
 from embedfresh.ml.gate.plot import curve_svg
 from embedfresh.ml.gate.publish import publish_decision
@@ -89,27 +89,7 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
         tcfg = cfg.train_config(cfg.step)
         summary = run_train(tcfg, cfg.timeout_seconds)
         return {"side": cfg.step, "backend": tcfg.backend, "run_id": tcfg.run_id, **summary}
-    sides: dict[str, dict[str, Any]] = {}
-    for side in ("a", "b"):
-        tcfg = cfg.train_config(side)
-        summary = run_train(tcfg, cfg.timeout_seconds) if cfg.step == "all" else None
-        rel = layout.report(cfg.model, tcfg.run_id, "train")
-        if not store.exists(rel):
-            raise BadInputError(
-                f"side {side} ({tcfg.backend}) has no training report {store.url(rel)}: run "
-                f"the parity job with step={side} first"
-            )
-        train_report = store.read_json(rel)
-        started_from = (train_report.get("init") or {}).get("version")
-        if cfg.step == "compare" and started_from != cfg.init_version:
-            raise BadInputError(
-                f"side {side} ({tcfg.run_id}) trained from version {started_from}, not "
-                f"{cfg.init_version}: both sides must start from the same version; run "
-                f"step={side} again"
-            )
-        config = getattr(cfg, f"config_{side}")
-        sides[side] = {"cfg": tcfg, "summary": summary, "report": train_report, "config": config}
-
+    sides = {side: _trained(store, cfg, side) for side in ("a", "b")}
     steps_a = {p["step"] for p in sides["a"]["report"].get("eval_curve", [])}
     steps_b = {p["step"] for p in sides["b"]["report"].get("eval_curve", [])}
     common = sorted(steps_a & steps_b)
@@ -146,17 +126,7 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
             "steps": common,
             "candidate": _side(sides["b"]),
             "reference": _side(sides["a"]),
-            "curve": [
-                {
-                    "step": p.step,
-                    "verdict": str(p.result.verdict),
-                    "max_abs_d": max(
-                        (abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap), default=None
-                    ),
-                    "d": {m.metric: m.bootstrap.d for m in p.result.metrics if m.bootstrap},
-                }
-                for p in curve.points
-            ],
+            "curve": [_point(p) for p in curve.points],
         },
         started,
     )
@@ -172,6 +142,40 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
         "reason": curve.reason,
         "max_abs_d": curve.max_abs_d,
         "report": report_url,
+    }
+
+
+def _trained(store: ArtifactStore, cfg: ParityConfig, side: str) -> dict[str, Any]:
+    """One side trained (``step=all``) or found trained, from ``init_version``."""
+    tcfg = cfg.train_config(side)
+    summary = run_train(tcfg, cfg.timeout_seconds) if cfg.step == "all" else None
+    rel = layout.report(cfg.model, tcfg.run_id, "train")
+    if not store.exists(rel):
+        raise BadInputError(
+            f"side {side} ({tcfg.backend}) has no training report {store.url(rel)}: run "
+            f"the parity job with step={side} first"
+        )
+    train_report = store.read_json(rel)
+    started_from = (train_report.get("init") or {}).get("version")
+    if cfg.step == "compare" and started_from != cfg.init_version:
+        raise BadInputError(
+            f"side {side} ({tcfg.run_id}) trained from version {started_from}, not "
+            f"{cfg.init_version}: both sides must start from the same version; run "
+            f"step={side} again"
+        )
+    config = getattr(cfg, f"config_{side}")
+    return {"cfg": tcfg, "summary": summary, "report": train_report, "config": config}
+
+
+def _point(p: CurvePoint) -> dict[str, Any]:
+    """One evaluation step of the curve as the report lists it."""
+    return {
+        "step": p.step,
+        "verdict": str(p.result.verdict),
+        "max_abs_d": max(
+            (abs(m.bootstrap.d) for m in p.result.metrics if m.bootstrap), default=None
+        ),
+        "d": {m.metric: m.bootstrap.d for m in p.result.metrics if m.bootstrap},
     }
 
 

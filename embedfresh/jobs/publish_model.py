@@ -21,7 +21,7 @@ import datetime as dt
 import getpass
 import hashlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import PublishModelConfig
@@ -29,6 +29,10 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.registry import PROMOTE, Registry
 from embedfresh.core.releases import release_doc, write_release
 from embedfresh.core.storage import ArtifactStore
+
+if TYPE_CHECKING:
+    from embedfresh.ml.model.presets import ModelSpec
+    from embedfresh.ml.model.sources import SourceModel
 
 log = logging.getLogger("embedfresh.jobs.publish_model")
 
@@ -60,6 +64,30 @@ def publish_model(cfg: PublishModelConfig) -> dict[str, Any]:
         encoder_learning_rate=cfg.encoder_learning_rate,
         head_learning_rate=cfg.head_learning_rate,
     )
+    url = _version(store, cfg, source, spec)
+    production = Registry(store, cfg.model).production_version()
+    if cfg.production and production is None:
+        production = _base_release(store, cfg, url, source.url)
+    elif production != cfg.version:
+        log.info("production of %s stays %s", cfg.model, production)
+    return {
+        "status": "ok",
+        "model": cfg.model,
+        "version": cfg.version,
+        "url": url,
+        "max_seq_length": spec.embedding_max_length,
+        "training_max_length": spec.max_length,
+        "production": production,
+    }
+
+
+def _version(
+    store: ArtifactStore, cfg: PublishModelConfig, source: SourceModel, spec: ModelSpec
+) -> str:
+    """The version's URL: published now, or found published from the same source and
+    settings (another source under its name is refused: versions are immutable)."""
+    from embedfresh.ml.model import versions
+
     # What was published, not where from: the same model mounted elsewhere is the same.
     fingerprint = {
         "source_weights_sha256": hashlib.sha256(source.weights).hexdigest(),
@@ -76,75 +104,65 @@ def publish_model(cfg: PublishModelConfig) -> dict[str, Any]:
                 "or settings; versions are immutable (choose another --set version=...)"
             )
         log.info("version %s of %s already published from %s", cfg.version, cfg.model, source.url)
-        url = store.url(f"models/{cfg.model}/versions/{cfg.version}")
-    else:
-        weights = versions.source_weights(source, spec, cfg.seed)
-        if not source.normalize:
-            log.warning(
-                "%s has no Normalize module: this project's embeddings are unit length, so "
-                "they equal sentence-transformers' vectors divided by their norm",
-                source.url,
-            )
-        url = versions.publish(
-            store,
-            spec,
-            cfg.version,
-            weights,
-            {
-                "base": True,
-                "source": source.url,
-                "source_kind": source.kind,
-                "config_hash": _hash(fingerprint),
-                "normalize_added": not source.normalize,
-                "model_config": source.config,
-            },
-            tokenizer_json=source.tokenizer_json,
+        return store.url(f"models/{cfg.model}/versions/{cfg.version}")
+    weights = versions.source_weights(source, spec, cfg.seed)
+    if not source.normalize:
+        log.warning(
+            "%s has no Normalize module: this project's embeddings are unit length, so "
+            "they equal sentence-transformers' vectors divided by their norm",
+            source.url,
         )
-        log.info("published %s (max_seq_length %d)", url, source.max_seq_length)
-    registry = Registry(store, cfg.model)
-    production = registry.production_version()
-    if cfg.production and production is None:
-        # A release of the base version without corpora, named after it: the first
-        # refresh gates against it and makes the first release with document vectors.
-        base, _ = write_release(
-            store,
-            release_doc(
-                model=cfg.model,
-                release=cfg.version,
-                version=cfg.version,
-                version_url=url,
-                run_id=cfg.run_id,
-                action=PROMOTE,
-                corpora={},
-                gate={"verdict": "BASE", "report": None, "reason": f"base model from {source.url}"},
-                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            ),
-        )
-        registry.release(
-            base,
-            details={
-                "run_id": cfg.run_id,
-                "verdict": "BASE",
-                "reason": f"base model published from {source.url}",
-                "user": getpass.getuser(),
-            },
-            expected_version=None,
-            expected_release=None,
-        )
-        production = cfg.version
-        log.info("%s is now production of %s (release %s, no corpus embeddings yet)",
-                 cfg.version, cfg.model, cfg.version)  # fmt: skip
-    elif production != cfg.version:
-        log.info("production of %s stays %s", cfg.model, production)
-    return {
-        "status": "ok",
-        "model": cfg.model,
-        "version": cfg.version,
-        "url": url,
-        "max_seq_length": spec.embedding_max_length,
-        "training_max_length": spec.max_length,
-        "production": production,
-    }
+    url = versions.publish(
+        store,
+        spec,
+        cfg.version,
+        weights,
+        {
+            "base": True,
+            "source": source.url,
+            "source_kind": source.kind,
+            "config_hash": _hash(fingerprint),
+            "normalize_added": not source.normalize,
+            "model_config": source.config,
+        },
+        tokenizer_json=source.tokenizer_json,
+    )
+    log.info("published %s (max_seq_length %d)", url, source.max_seq_length)
+    return url
+
+
+def _base_release(store: ArtifactStore, cfg: PublishModelConfig, url: str, source_url: str) -> str:
+    """A release of the base version without corpora, named after it (compare-and-swap
+    on "no production"): the first refresh gates against it and makes the first
+    release with document vectors. Returns the production version."""
+    base, _ = write_release(
+        store,
+        release_doc(
+            model=cfg.model,
+            release=cfg.version,
+            version=cfg.version,
+            version_url=url,
+            run_id=cfg.run_id,
+            action=PROMOTE,
+            corpora={},
+            gate={"verdict": "BASE", "report": None, "reason": f"base model from {source_url}"},
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        ),
+    )
+    Registry(store, cfg.model).release(
+        base,
+        details={
+            "run_id": cfg.run_id,
+            "verdict": "BASE",
+            "reason": f"base model published from {source_url}",
+            "user": getpass.getuser(),
+        },
+        expected_version=None,
+        expected_release=None,
+    )
+    log.info("%s is now production of %s (release %s, no corpus embeddings yet)",
+             cfg.version, cfg.model, cfg.version)  # fmt: skip
+    return cfg.version
 
 
 def _hash(obj: dict[str, Any]) -> str:

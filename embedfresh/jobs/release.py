@@ -39,8 +39,14 @@ from embedfresh.core.embedding_sets import read_embedding_set
 from embedfresh.core.exit_codes import BadInputError, GateRefusedError
 from embedfresh.core.freshness import trained_through
 from embedfresh.core.index import live_view_name, open_index
-from embedfresh.core.registry import ANY, PROMOTE, Registry
-from embedfresh.core.releases import CorpusRelease, live_release, release_doc, write_release
+from embedfresh.core.registry import ANY, PROMOTE, Move, Registry
+from embedfresh.core.releases import (
+    CorpusRelease,
+    Release,
+    live_release,
+    release_doc,
+    write_release,
+)
 from embedfresh.core.storage import ArtifactStore
 
 log = logging.getLogger("embedfresh.jobs.release")
@@ -58,27 +64,8 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
     version = cfg.target_version
     gate, expected_version = _decision(store, cfg, version)
     _names_every_live_corpus(store, cfg)
-    corpora: dict[str, CorpusRelease] = {}
-    checked_against: set[Any] = set()
-    for corpus in cfg.corpora:
-        entry, live_at_check = _corpus(store, cfg, version, corpus)
-        corpora[corpus] = entry
-        checked_against.add(live_at_check)
-    if len(checked_against) > 1:
-        raise BadInputError(
-            f"the search checks of {cfg.corpora} compared against different live releases "
-            f"({sorted(map(str, checked_against))}): production moved between them; run them again"
-        )
-    if corpora:
-        _tables_complete(cfg, corpora)
-    else:
-        log.warning(
-            "release %s of %s carries no corpus embeddings: a search service reading it has "
-            "no document vectors (corpora is empty)",
-            cfg.run_id, cfg.model,
-        )  # fmt: skip
+    corpora, expected_release = _checked_corpora(store, cfg, version)
     registry = Registry(store, cfg.model)
-    expected_release = checked_against.pop() if checked_against else ANY
     # What the move would refuse, refused before the release document is written.
     registry.check_release(
         cfg.run_id,
@@ -104,6 +91,58 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
     )
     made, written = write_release(store, doc)
     log.info("release %s %s: %s", cfg.run_id, "written" if written else "already written", made.url)
+    move = _move(registry, made, cfg, version, gate, expected_version, expected_release)
+    switched = _switch_views(cfg, corpora)
+    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
+    return {
+        **move.summary(registry.url),
+        "release_url": made.url,
+        "action": cfg.action,
+        "corpora": {
+            c: {"table": e.table, "rows": e.rows, "manifest": e.manifest}
+            for c, e in corpora.items()
+        },  # fmt: skip
+        "live_views_switched": switched,
+    }
+
+
+def _checked_corpora(
+    store: ArtifactStore, cfg: ReleaseConfig, version: str
+) -> tuple[dict[str, CorpusRelease], Any]:
+    """Each corpus's entry, and the live release every search check compared against
+    (:data:`ANY` without corpora): checks against different ones are refused."""
+    corpora: dict[str, CorpusRelease] = {}
+    checked_against: set[Any] = set()
+    for corpus in cfg.corpora:
+        entry, live_at_check = _corpus(store, cfg, version, corpus)
+        corpora[corpus] = entry
+        checked_against.add(live_at_check)
+    if len(checked_against) > 1:
+        raise BadInputError(
+            f"the search checks of {cfg.corpora} compared against different live releases "
+            f"({sorted(map(str, checked_against))}): production moved between them; run them again"
+        )
+    if corpora:
+        _tables_complete(cfg, corpora)
+    else:
+        log.warning(
+            "release %s of %s carries no corpus embeddings: a search service reading it has "
+            "no document vectors (corpora is empty)",
+            cfg.run_id, cfg.model,
+        )  # fmt: skip
+    return corpora, checked_against.pop() if checked_against else ANY
+
+
+def _move(
+    registry: Registry,
+    made: Release,
+    cfg: ReleaseConfig,
+    version: str,
+    gate: dict[str, Any] | None,
+    expected_version: Any,
+    expected_release: Any,
+) -> Move:
+    """The registry's compare-and-swap to the release, with the decision that moved it."""
     details: dict[str, Any] = {"run_id": cfg.run_id}
     if gate is not None:
         details.update(
@@ -132,18 +171,7 @@ def release(cfg: ReleaseConfig) -> dict[str, Any]:
             "live release of %s moved to %s (version %s) WITHOUT a gate's PASS, by %s: %s",
             cfg.model, cfg.run_id, version, cfg.who, cfg.reason,
         )  # fmt: skip
-    switched = _switch_views(cfg, corpora)
-    run_index.record(store, cfg.model, cfg.run_id)  # derived data: never fails the move
-    return {
-        **move.summary(registry.url),
-        "release_url": made.url,
-        "action": cfg.action,
-        "corpora": {
-            c: {"table": e.table, "rows": e.rows, "manifest": e.manifest}
-            for c, e in corpora.items()
-        },  # fmt: skip
-        "live_views_switched": switched,
-    }
+    return move
 
 
 def _iso(day: Any) -> str | None:

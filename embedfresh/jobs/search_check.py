@@ -107,7 +107,7 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
             compared = {"verdict": "INCONCLUSIVE", "reason": unjudged, "with": None}
             log.warning("search quality not judged: %s", unjudged)
         else:
-            ours = Side(store, index, eset, table, fit.ef_search, encoder)
+            ours = Side(store, index, eset, table, fit.ef_search, encoder, bool(applied))
             compared = Comparison(store, index, cfg, ours, baseline, judgments, first).run()
         location = index.location
     verdict, reason = _decide(cfg, fit, compared)
@@ -143,11 +143,20 @@ def search_check(cfg: SearchCheckConfig) -> dict[str, Any]:
         "watermarks": watermarks,
         "seconds": round(time.perf_counter() - started, 3),
     }
+    return _conclude(store, cfg, report, compared)
+
+
+def _conclude(
+    store: ArtifactStore, cfg: SearchCheckConfig, report: dict[str, Any], compared: dict
+) -> dict[str, Any]:
+    """Write the report, then exit as its verdict says: PASS, an INCONCLUSIVE a person
+    decides (``inconclusive_exits`` off), or refused (exit 3)."""
+    verdict, reason, table = report["verdict"], report["reason"], report["index"]["table"]
     rel = layout.report(cfg.model, cfg.run_id, report_kind(cfg.corpus))
     store.write_json(rel, report)
     log.info(
         "search check of %s %s: %s (ANN recall@10 %.4f over %d queries, nDCG@10 %s over "
-        "%d judged): %s", cfg.corpus, table, verdict, fit.recall, report["queries"],
+        "%d judged): %s", cfg.corpus, table, verdict, report["ann_recall"], report["queries"],
         report[METRIC], report["queries_judged"], reason,
     )  # fmt: skip
     if verdict == "INCONCLUSIVE" and not cfg.inconclusive_exits:
@@ -244,10 +253,12 @@ class Side:
         table: str,
         ef_search: int | None,
         encoder: ReleaseEncoder,
+        synced: bool | None = None,
     ) -> None:
+        """``synced``: whether the table was caught up with change sets (then it holds
+        vectors its embedding set does not); None: read from the index's ledger."""
         self.store, self.index, self.eset, self.table = store, index, eset, table
-        # A table caught up with change sets holds vectors its embedding set does not.
-        self.synced = bool(index.applied_changes(table))
+        self.synced = bool(index.applied_changes(table)) if synced is None else synced
         self.ef_search = max(ef_search or 0, DEPTH)  # HNSW returns at most ef_search rows
         self.encoder = encoder
         self.latency: list[np.ndarray] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -88,6 +88,114 @@ def _login_url(request: Request) -> str:
         return "/"
 
 
+router = APIRouter()
+
+#: The page's sections by the name ``/api/models/{model}/{section}`` takes.
+SECTION_READERS = {
+    "registry": reports.registry,
+    "release": reports.live_release,
+    "decisions": reports.decisions,
+    "curve": reports.latest_curve,
+    "health": reports.health,
+    "compile-cache": reports.compile_cache,
+    "embeddings": reports.embeddings,
+    "costs": reports.costs,
+    "search-checks": reports.search_checks,
+}
+
+
+@router.get("/", response_class=HTMLResponse, summary="The Model quality page")
+def page(store: Store, user: User, model: str | None = None) -> HTMLResponse:
+    names = reports.models(store)
+    if model is None:
+        if not names:
+            return HTMLResponse(
+                message_page(
+                    "Model quality",
+                    f"no model in the artifact store {store.root} yet: run a DAG first",
+                )
+            )
+        model = names[0]
+    model = _model(model)
+    return HTMLResponse(
+        render_page(
+            model,
+            names,
+            reports.overview(store, model),
+            store.root,
+            store=store,
+            overrides=actions.permitted(user),
+        )
+    )
+
+
+@router.get("/chart.svg", summary="The latest candidate's evaluation curve as SVG")
+def chart(store: Store, model: str) -> Response:
+    model = _model(model)  # an invalid id is 400, not "no chart"
+    section = reports.guarded("evaluation curve", lambda: reports.latest_curve(store, model))
+    if not section.available:
+        raise HTTPException(status_code=404, detail=section.message)
+    return Response(curve_chart(section.data), media_type="image/svg+xml")
+
+
+@router.get("/api/models", summary="Models found in the artifact store")
+def list_models(store: Store) -> dict[str, Any]:
+    return {"artifact_root": store.root, "models": reports.models(store)}
+
+
+@router.get("/api/models/{model}", summary="Every section of the page for one model")
+def overview(store: Store, model: str) -> dict[str, Any]:
+    sections = reports.overview(store, _model(model))
+    return {"model": model, **{k: s.as_dict() for k, s in sections.items()}}
+
+
+@router.get("/api/models/{model}/{section}", summary="One section of the page")
+def section(store: Store, model: str, section: str) -> dict[str, Any]:
+    reader = SECTION_READERS.get(section)
+    if reader is None:
+        raise HTTPException(
+            status_code=404,
+            detail=f"unknown section {section!r}; one of {', '.join(SECTION_READERS)}",
+        )
+    model = _model(model)
+    return reports.guarded(section, lambda: reader(store, model)).as_dict()
+
+
+@router.get("/api/models/{model}/runs/{run_id}/gate", summary="One run's gate.json, whole")
+def gate(store: Store, model: str, run_id: str) -> dict[str, Any]:
+    model, run_id = _model(model), layout.safe_id(run_id, "run id")
+    doc = reports.gate_report(store, model, run_id)
+    if doc is None:
+        raise HTTPException(
+            status_code=404,
+            detail=f"no gate report for {model} run {run_id} "
+            f"({store.url(layout.report(model, run_id, 'gate'))})",
+        )
+    return doc
+
+
+@router.get("/openapi.json", summary="The OpenAPI schema of these endpoints")
+def openapi(request: Request) -> dict[str, Any]:
+    return request.app.openapi()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return _error(request, exc.status_code, str(exc.detail))
+
+
+async def _bad_input(request: Request, exc: Exception) -> Response:
+    return _error(request, 400, str(exc))
+
+
+async def _bad_report(request: Request, exc: Exception) -> Response:
+    return _error(request, 422, str(exc))
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.exception("model quality page failed")
+    return _error(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
+
+
 def create_app(root: str | None = None) -> FastAPI:
     """The plugin app; ``root`` overrides the artifact root (tests), else the DAGs' root."""
     app = FastAPI(
@@ -96,112 +204,19 @@ def create_app(root: str | None = None) -> FastAPI:
         "health, compile cache and embeddings.",
         dependencies=[Depends(authorized_user)],
         # FastAPI's own docs routes ignore the app's dependencies: they would answer
-        # without login. The schema is served below as an ordinary, authenticated route;
-        # the interactive docs (Swagger UI, ReDoc) would load scripts from a CDN, so
-        # they are off.
+        # without login. The schema is served by :func:`openapi` as an ordinary,
+        # authenticated route; the interactive docs (Swagger UI, ReDoc) would load
+        # scripts from a CDN, so they are off.
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
     app.state.artifact_root = root
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return _error(request, exc.status_code, str(exc.detail))
-
-    @app.exception_handler(BadInputError)
-    async def bad_input(request: Request, exc: BadInputError) -> Response:
-        return _error(request, 400, str(exc))
-
-    @app.exception_handler(reports.ReportError)
-    async def bad_report(request: Request, exc: reports.ReportError) -> Response:
-        return _error(request, 422, str(exc))
-
-    @app.exception_handler(Exception)
-    async def crash(request: Request, exc: Exception) -> Response:
-        log.exception("model quality page failed")
-        return _error(request, 500, f"the page failed: {type(exc).__name__}: {exc}")
-
-    @app.get("/", response_class=HTMLResponse, summary="The Model quality page")
-    def page(store: Store, user: User, model: str | None = None) -> HTMLResponse:
-        names = reports.models(store)
-        if model is None:
-            if not names:
-                return HTMLResponse(
-                    message_page(
-                        "Model quality",
-                        f"no model in the artifact store {store.root} yet: run a DAG first",
-                    )
-                )
-            model = names[0]
-        model = _model(model)
-        return HTMLResponse(
-            render_page(
-                model,
-                names,
-                reports.overview(store, model),
-                store.root,
-                store=store,
-                overrides=actions.permitted(user),
-            )
-        )
-
-    @app.get("/chart.svg", summary="The latest candidate's evaluation curve as SVG")
-    def chart(store: Store, model: str) -> Response:
-        model = _model(model)  # an invalid id is 400, not "no chart"
-        section = reports.guarded("evaluation curve", lambda: reports.latest_curve(store, model))
-        if not section.available:
-            raise HTTPException(status_code=404, detail=section.message)
-        return Response(curve_chart(section.data), media_type="image/svg+xml")
-
-    @app.get("/api/models", summary="Models found in the artifact store")
-    def list_models(store: Store) -> dict[str, Any]:
-        return {"artifact_root": store.root, "models": reports.models(store)}
-
-    @app.get("/api/models/{model}", summary="Every section of the page for one model")
-    def overview(store: Store, model: str) -> dict[str, Any]:
-        sections = reports.overview(store, _model(model))
-        return {"model": model, **{k: s.as_dict() for k, s in sections.items()}}
-
-    section_readers = {
-        "registry": reports.registry,
-        "release": reports.live_release,
-        "decisions": reports.decisions,
-        "curve": reports.latest_curve,
-        "health": reports.health,
-        "compile-cache": reports.compile_cache,
-        "embeddings": reports.embeddings,
-        "costs": reports.costs,
-        "search-checks": reports.search_checks,
-    }
-
-    @app.get("/api/models/{model}/{section}", summary="One section of the page")
-    def section(store: Store, model: str, section: str) -> dict[str, Any]:
-        reader = section_readers.get(section)
-        if reader is None:
-            raise HTTPException(
-                status_code=404,
-                detail=f"unknown section {section!r}; one of {', '.join(section_readers)}",
-            )
-        model = _model(model)
-        return reports.guarded(section, lambda: reader(store, model)).as_dict()
-
-    @app.get("/api/models/{model}/runs/{run_id}/gate", summary="One run's gate.json, whole")
-    def gate(store: Store, model: str, run_id: str) -> dict[str, Any]:
-        model, run_id = _model(model), layout.safe_id(run_id, "run id")
-        doc = reports.gate_report(store, model, run_id)
-        if doc is None:
-            raise HTTPException(
-                status_code=404,
-                detail=f"no gate report for {model} run {run_id} "
-                f"({store.url(layout.report(model, run_id, 'gate'))})",
-            )
-        return doc
-
-    @app.get("/openapi.json", summary="The OpenAPI schema of these endpoints")
-    def openapi() -> dict[str, Any]:
-        return app.openapi()
-
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(BadInputError, _bad_input)
+    app.add_exception_handler(reports.ReportError, _bad_report)
+    app.add_exception_handler(Exception, _crash)
+    app.include_router(router)
     return app
 
 
