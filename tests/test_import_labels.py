@@ -93,7 +93,7 @@ def test_esci_judgments_of_a_split_are_graded_e3_s2_c1_i0(root, tmp_path):
     assert sorted(judged.query_ids.tolist()) == [3, 7, 12] and not judged.complete
     report = json.loads((root / "runs/tiny/imp/reports/import-esci.json").read_text())
     assert report["grades"] == {"0": 1, "1": 1, "2": 1, "3": 2}
-    assert report["missing_from_corpus"] == 0 and not report["corpus_written"]
+    assert report["missing_from_corpus"] == 0 and report["corpus_parts_written"] == 0
     # One locale only; a re-import replaces the judgments.
     assert run(root, f"source={path}", "shape=esci", "dataset=esci", "corpus=catalog",
                "locale=jp") == 0  # fmt: skip
@@ -141,8 +141,16 @@ def test_a_beir_folder_gives_its_corpus_and_judgments_with_string_ids(root, tmp_
     ]  # fmt: skip
     assert rows == sorted(expected, key=lambda r: (r["query_id"], r["doc_id"]))
     before = (root / layout.judgments("nf") / "part-00000.parquet").read_bytes()
-    assert run(root, f"source={folder}", "shape=beir", "dataset=nf", "corpus=nfcorpus") == 0
-    assert (root / layout.judgments("nf") / "part-00000.parquet").read_bytes() == before
+    # A re-run after a kill that left the corpus's first part only: it finishes the
+    # corpus and writes the same judgments.
+    assert run(root, f"source={folder}", "shape=beir", "dataset=nf2", "corpus=nf2",
+               "corpus_shard_rows=2") == 0  # fmt: skip
+    (root / "corpora/nf2/part-00001.parquet").unlink()
+    assert run(root, f"source={folder}", "shape=beir", "dataset=nf2", "corpus=nf2",
+               "corpus_shard_rows=2") == 0  # fmt: skip
+    report = json.loads((root / "runs/tiny/imp/reports/import-nf2.json").read_text())
+    assert report["corpus_parts_written"] == 1
+    assert (root / layout.judgments("nf2") / "part-00000.parquet").read_bytes() == before
 
 
 def test_integer_ids_written_plainly_stay_integers_and_zero_padded_ones_stay_strings(
@@ -165,6 +173,31 @@ def test_integer_ids_written_plainly_stay_integers_and_zero_padded_ones_stay_str
         run(root, f"source={folder}", "shape=beir", "dataset=mm2", "corpus=mm2", "split=dev") == 0
     )
     assert written(root, "mm2")[0]["doc_id"] == "007"
+
+
+def test_each_query_id_is_mapped_alone_so_one_added_later_moves_no_other(root, tmp_path):
+    corpus(root, "c", [1, 2, 3])
+    log = tmp_path / "c.csv"
+    log.write_text("query_id,query,doc_id,event\n42,boots,1,click\n")
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=c") == 0
+    assert written(root, "d") == [{"query_id": 42, "query": "boots", "doc_id": 1, "grade": 1}]
+    log.write_text("query_id,query,doc_id,event\n42,boots,1,click\nq-7,0042,2,purchase\n")
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=c") == 0
+    assert sorted(
+        (r["query_id"], r["query"], r["query_ref"]) for r in written(root, "d")
+    ) == sorted([(42, "boots", "42"), (h63("q-7"), "0042", "q-7")])
+
+
+def test_a_document_a_change_set_added_is_in_the_corpus(root, tmp_path):
+    corpus(root, "c", ["a", "b"])
+    (root / layout.corpus_changes("c")).mkdir(parents=True)
+    pq.write_table(pa.table({"op": ["upsert", "delete"], "id": ["n", "b"], "text": ["new", None]}),
+                   root / layout.change_set("c", "2026-12-07T00"))  # fmt: skip
+    log = tmp_path / "c.csv"
+    log.write_text("query,doc_id,event\nshoes,n,click\nshoes,a,shown\n")
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=c") == 0
+    log.write_text("query,doc_id,event\nshoes,n,click\nshoes,b,shown\n")
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=c") == 2
 
 
 def test_a_click_log_grades_each_pair_by_its_strongest_event(root, tmp_path):
@@ -195,10 +228,19 @@ def test_a_click_log_grades_each_pair_by_its_strongest_event(root, tmp_path):
 
 
 BAD = {
-    "an ESCI label other than E/S/C/I": (
+    "an ESCI label other than E/S/C/I, the file's row named past another split's": (
         "esci",
-        lambda t: esci_file(t, esci_label=["E", "I", "X", "C", "E", "E"]),
+        lambda t: esci_file(
+            t,
+            split=["train", "test", "test", "test", "test", "test"],
+            esci_label=["E", "I", "X", "C", "E", "E"],
+        ),
         r"esci_label 'X' at row 2",
+    ),
+    "an ESCI locale asked of a file without product_locale": (
+        "esci",
+        lambda t: esci_file(t, product_locale=None),
+        r"locale 'es' asked, but no product_locale column",
     ),
     "an ESCI file without product_id": (
         "esci",
@@ -217,12 +259,34 @@ BAD = {
         ),
         r"\(query_id=7, doc_id='B0ZAP1'\) is judged twice \(row 1 of .*examples.parquet",
     ),
-    "a judged document the corpus lacks": (
+    "a judged document the corpus lacks, the file's row named past another split's": (
         "esci",
         lambda t: esci_file(
-            t, product_id=["B0ZAP1", "B0GONE", "B0AKA1", "B0ZAP1", "B0RED1", "B0RED2"]
+            t,
+            split=["train", "test", "test", "test", "test", "test"],
+            product_id=["B0ZAP1", "B0ZAP2", "B0AKA1", "B0GONE", "B0RED1", "B0RED2"],
         ),
-        r"1 judged documents are not in the corpus, the first 'B0GONE' at row 1",
+        r"1 judged documents are not in the corpus, the first 'B0GONE' at row 3",
+    ),
+    "a click log's pair the corpus lacks, named at its first event": (
+        "clicks",
+        lambda t: _text(
+            t / "c.csv",
+            "query,doc_id,event\nshoes,sku-1,click\nshoes,sku-9,shown\nshoes,sku-9,click\n",
+        ),
+        r"the first 'sku-9' at row 1",
+    ),
+    "a BEIR corpus with an _id twice": (
+        "beir",
+        lambda t: _beir_corpus(
+            t,
+            [
+                {"_id": "MED-10", "text": "a"},
+                {"_id": "МЕД-2", "text": "b"},
+                {"_id": "MED-10", "text": "c"},
+            ],
+        ),
+        r"corpus.jsonl: _id 'MED-10' at rows 0 and 2",
     ),
     "an empty query in a click log": (
         "clicks",
@@ -264,6 +328,12 @@ def _text(path: Path, text: str) -> Path:
     return path
 
 
+def _beir_corpus(tmp_path: Path, rows: list[dict]) -> Path:
+    folder = beir_folder(tmp_path)
+    jsonl(folder / "corpus.jsonl", rows)
+    return folder
+
+
 def _beir_qrels(tmp_path: Path, rows: str) -> Path:
     folder = beir_folder(tmp_path)
     (folder / "qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\n" + rows)
@@ -275,9 +345,21 @@ def test_bad_labels_exit_2_naming_the_file_and_row_and_write_nothing(case, root,
     shape, make, message = BAD[case]
     corpus(root, "shop", ["B0ZAP1", "B0ZAP2", "B0AKA1", "B0RED1", "B0RED2", "sku-1", "sku-2"])
     source = make(tmp_path)
-    code = run(root, f"source={source}", f"shape={shape}", "dataset=d", "corpus=shop")
+    extra = ["locale=es"] if "locale" in case else []
+    code = run(root, f"source={source}", f"shape={shape}", "dataset=d", "corpus=shop", *extra)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert re.search(message, err), err[-2000:]
     assert not (root / "datasets").exists() and not (root / "runs/tiny/imp").exists()
     assert sorted(p.name for p in (root / "corpora").iterdir()) == ["shop"]
+
+
+def test_an_id_past_int64_is_refused_naming_its_row(root, tmp_path, capsys):
+    corpus(root, "c", [1, 2])
+    log = _text(
+        tmp_path / "c.csv", "query,doc_id,event\nshoes,1,click\nshoes,9999999999999999999,shown\n"
+    )
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=c") == 2
+    assert (
+        "'9999999999999999999' at row 1 is not an integer within int64" in capsys.readouterr().err
+    )

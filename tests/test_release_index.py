@@ -521,13 +521,13 @@ def test_int8_vectors_of_another_route_are_never_reused_nor_queried(store, monke
     from embedfresh.ml.embedding import precision
 
     earlier = "pt2e-x86-inductor-earlier"
-    monkeypatch.setattr(precision, "INT8_ROUTE", earlier)
-    embed(EmbedConfig(**common(store, "q1"), version="t1", corpus=CORPUS, quantize="int8"))
-    verify(EmbedConfig(**common(store, "q1"), version="t1", corpus=CORPUS))
+    with monkeypatch.context() as patched:  # only the route: the index's DSN stays set
+        patched.setattr(precision, "INT8_ROUTE", earlier)
+        embed(EmbedConfig(**common(store, "q1"), version="t1", corpus=CORPUS, quantize="int8"))
+        verify(EmbedConfig(**common(store, "q1"), version="t1", corpus=CORPUS))
     eset = read_embedding_set(store, "tiny", "t1", CORPUS)
     assert eset.settings["int8_route"] == earlier
     assert eset.settings["int8_between_gemms"] in ("bf16", "fp32")
-    monkeypatch.undo()
     embed(EmbedConfig(**common(store, "q2"), version="t1", corpus=CORPUS, quantize="int8"))
     again = store.read_json(f"runs/tiny/q2/reports/embed-{CORPUS}.json")
     assert again["shards_skipped"] == [] and again["shards_done"], again

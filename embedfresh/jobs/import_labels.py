@@ -12,9 +12,9 @@ Everything is read and checked before the first write, by the rules the evaluati
 read judgments with (exit 2 naming the file and a row): the source's columns and
 labels, one text per query, one grade per pair, document ids of the corpus's type, and
 judged documents the corpus does not hold (refused past ``max_missing``). Writes come
-in an order a kill between any two leaves re-runnable: the corpus's parts, then the
-judgments, then the stale parts of an earlier import are removed, then
-``judgments.json``; the same source writes the same bytes. Writes
+in an order a kill between any two leaves re-runnable: the corpus's parts, then
+``judgments.json`` (incomplete), then the judgments, then the stale parts of an earlier
+import are removed; the same source writes the same bytes. Writes
 ``runs/{model}/{run_id}/reports/import-{dataset}.json``.
 """
 
@@ -32,6 +32,7 @@ from pyarrow import csv as pa_csv
 from pyarrow import json as pa_json
 
 from embedfresh.core import layout
+from embedfresh.core.changes import change_set_names, ids_after
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import ImportLabelsConfig
 from embedfresh.core.exit_codes import BadInputError
@@ -45,8 +46,10 @@ from embedfresh.ml.data.judgments import SPEC, check_judgments, write_spec
 log = logging.getLogger("embedfresh.jobs.import_labels")
 
 #: Columns read as strings from CSV and JSON whatever they look like: ids keep their
-#: text (``"007"`` is not 7) until the converter decides their type.
-ID_COLUMNS = ("query_id", "product_id", "doc_id", "query-id", "corpus-id", "_id")
+#: text (``"007"`` is not 7) until the converter decides their type, and a query or
+#: text that looks like a number stays what was typed (``"0042"``, ``"1.50"``).
+STRING_COLUMNS = ("query_id", "product_id", "doc_id", "query-id", "corpus-id", "_id",
+                  "query", "text", "title", "event", "esci_label", "split", "product_locale")  # fmt: skip
 
 
 def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
@@ -55,29 +58,23 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
     source = _source(cfg)
     corpus_rel = layout.corpus(cfg.corpus)
     existing = list_parts(store, corpus_rel)
-    corpus_parts: list[bytes] = []
+    collection = None
     if cfg.shape == "beir":
-        collection = convert.beir_corpus(
-            source.table("corpus.jsonl"), source.url("corpus.jsonl"), None
-        )
-        corpus_parts = _parts(collection, cfg.corpus_shard_rows)
-        if not _ours(store, corpus_rel, existing, corpus_parts):
+        collection = convert.beir_corpus(source.table("corpus.jsonl"), source.url("corpus.jsonl"))
+        if not _ours(store, corpus_rel, existing, collection, cfg.corpus_shard_rows):
             log.info("corpus %s exists: its own ids are judged, %s is not written",
                      store.url(corpus_rel), source.url("corpus.jsonl"))  # fmt: skip
-            corpus_parts = []
-    corpus_ids = _corpus_ids(store, corpus_rel, existing, corpus_parts)
+            collection = None
+    corpus_ids = _corpus_ids(store, cfg.corpus, existing, collection)
     id_type = None if corpus_ids is None else _id_type(corpus_ids)
-    table, where = _convert(cfg, source, id_type)
-    judged = check_judgments(cfg.dataset, table, where, {"corpus": cfg.corpus}, id_type)
-    missing = _missing(table, corpus_ids, where, cfg.max_missing)
+    converted = _convert(cfg, source, id_type)
+    table, where = converted.table, converted.where
+    judged = check_judgments(
+        cfg.dataset, table, where, {"corpus": cfg.corpus}, id_type, converted.rows
+    )
+    missing = _missing(converted, corpus_ids, cfg.max_missing)
 
-    for index, data in enumerate(corpus_parts):
-        rel = f"{corpus_rel}/{layout.part_name(index)}"
-        if not store.exists(rel):
-            store.write_bytes(rel, data)
-    if corpus_parts:
-        log.info("wrote corpus %s: %d texts in %d parts", store.url(corpus_rel),
-                 len(corpus_ids), len(corpus_parts))  # fmt: skip
+    written = 0 if collection is None else _write_corpus(store, corpus_rel, collection, cfg)
     _write_judgments(store, cfg, table)
     report = {
         "status": "ok",
@@ -85,7 +82,7 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
         "shape": cfg.shape,
         "dataset": cfg.dataset,
         "corpus": cfg.corpus,
-        "corpus_written": len(corpus_parts) > 0,
+        "corpus_parts_written": written,
         "rows": table.num_rows,
         "queries": int(len(np.unique(table.column("query_id").to_numpy()))),
         "scorable_queries": len(judged),
@@ -129,7 +126,7 @@ class _Source:
                         quote_char=False if suffix == ".tsv" else '"',
                     ),
                     convert_options=pa_csv.ConvertOptions(
-                        column_types={c: pa.string() for c in ID_COLUMNS}
+                        column_types={c: pa.string() for c in STRING_COLUMNS}
                     ),
                 )
             if suffix in (".jsonl", ".json"):
@@ -140,9 +137,9 @@ class _Source:
 
 
 def _json_lines(data: bytes) -> pa.Table:
-    """JSON Lines with the id columns as strings (a number is read as its text)."""
+    """JSON Lines with the string columns as strings (a number is read as its text)."""
     table = pa_json.read_json(io.BytesIO(data))
-    for name in ID_COLUMNS:
+    for name in STRING_COLUMNS:
         if name in table.column_names and not pa.types.is_string(table.column(name).type):
             index = table.column_names.index(name)
             table = table.set_column(index, name, pc.cast(table.column(name), pa.string()))
@@ -158,70 +155,89 @@ def _source(cfg: ImportLabelsConfig) -> _Source:
     return _Source(root, name)
 
 
-def _convert(cfg: ImportLabelsConfig, source: _Source, id_type: str | None) -> tuple[pa.Table, str]:
-    """The judgments of the source, and the file whose rows they are."""
+def _convert(cfg: ImportLabelsConfig, source: _Source, id_type: str | None) -> convert.Converted:
+    """The judgments of the source, with the source row of each."""
     if cfg.shape == "esci":
-        where = source.url("")
-        return convert.from_esci(source.table(), where, id_type, cfg.split, cfg.locale), where
+        return convert.from_esci(source.table(), source.url(""), id_type, cfg.split, cfg.locale)
     if cfg.shape == "clicks":
-        where = source.url("")
-        return convert.from_clicks(source.table(), where, id_type), where
+        return convert.from_clicks(source.table(), source.url(""), id_type)
     qrels = f"qrels/{cfg.split}.tsv"
-    where = source.url(qrels)
-    table = convert.from_beir(
+    return convert.from_beir(
         source.table("queries.jsonl"), source.table(qrels),
-        (source.url("queries.jsonl"), where), id_type,
+        (source.url("queries.jsonl"), source.url(qrels)), id_type,
     )  # fmt: skip
-    return table, where
 
 
-def _parts(corpus: pa.Table, rows: int) -> list[bytes]:
-    return [parquet_bytes(corpus.slice(i, rows)) for i in range(0, corpus.num_rows, rows)]
+def _part(collection: pa.Table, index: int, rows: int) -> bytes:
+    return parquet_bytes(collection.slice(index * rows, rows))
 
 
-def _ours(store: ArtifactStore, rel: str, existing: dict[int, str], parts: list[bytes]) -> bool:
+def _ours(
+    store: ArtifactStore, rel: str, existing: dict[int, str], collection: pa.Table, rows: int
+) -> bool:
     """Whether the corpus is this import's to write: none yet, or only parts equal to
     this import's (an import killed while writing it)."""
+    parts = -(-collection.num_rows // rows)
     return all(
-        index < len(parts) and sha256_bytes(store.read_bytes(f"{rel}/{name}")) == sha256_bytes(
-            parts[index])
+        index < parts
+        and sha256_bytes(store.read_bytes(f"{rel}/{name}"))
+        == sha256_bytes(_part(collection, index, rows))
         for index, name in existing.items()
-    )  # fmt: skip
+    )
+
+
+def _write_corpus(
+    store: ArtifactStore, rel: str, collection: pa.Table, cfg: ImportLabelsConfig
+) -> int:
+    """The collection's parts the corpus lacks, one at a time; how many were written."""
+    written = 0
+    for index in range(-(-collection.num_rows // cfg.corpus_shard_rows)):
+        part = f"{rel}/{layout.part_name(index)}"
+        if not store.exists(part):
+            store.write_bytes(part, _part(collection, index, cfg.corpus_shard_rows))
+            written += 1
+    log.info("corpus %s: %d texts, %d parts written now", store.url(rel),
+             collection.num_rows, written)  # fmt: skip
+    return written
 
 
 def _corpus_ids(
-    store: ArtifactStore, rel: str, existing: dict[int, str], parts: list[bytes]
+    store: ArtifactStore, corpus: str, existing: dict[int, str], collection: pa.Table | None
 ) -> np.ndarray | None:
-    """The ids of the corpus judged: this import's when it writes it, else the store's;
-    None when there is none (the judgments then keep the ids as the source has them)."""
-    if parts:
-        tables = [read_parquet_bytes(data, store.url(rel)) for data in parts]
-        return np.concatenate([t.column("id").to_numpy(zero_copy_only=False) for t in tables])
+    """The ids of the corpus judged: the collection this import writes, else the
+    store's snapshot with its change sets applied; None when there is none (the
+    judgments then keep the ids as the source has them)."""
+    if collection is not None:
+        return collection.column("id").to_numpy(zero_copy_only=False)
     if not existing:
         return None
-    ids = [read_corpus_shard(store, f"{rel}/{name}")[0] for name in existing.values()]
-    return np.concatenate(ids)
+    rel = layout.corpus(corpus)
+    ids = np.concatenate(
+        [read_corpus_shard(store, f"{rel}/{name}")[0] for name in existing.values()]
+    )
+    return ids_after(store, corpus, ids, change_set_names(store, corpus), _id_type(ids))
 
 
 def _id_type(ids: np.ndarray) -> str:
     return "int64" if np.issubdtype(ids.dtype, np.integer) else "string"
 
 
-def _missing(table: pa.Table, corpus_ids: np.ndarray | None, where: str, allowed: int) -> int:
+def _missing(converted: convert.Converted, corpus_ids: np.ndarray | None, allowed: int) -> int:
     """Judged documents the corpus does not hold: counted, refused past ``allowed``."""
     if corpus_ids is None:
         log.warning("no corpus to check the judged documents against: an id it lacks is "
                     "left out of the evaluations, counted in their reports")  # fmt: skip
         return 0
-    docs = table.column("doc_id").to_numpy(zero_copy_only=False)
+    docs = converted.table.column("doc_id").to_numpy(zero_copy_only=False)
     absent = ~np.isin(docs, corpus_ids)
     count = int(absent.sum())
     if count > allowed:
-        row = int(np.argmax(absent))
+        first = int(np.argmax(absent))
         raise BadInputError(
-            f"{where}: {count} judged documents are not in the corpus, the first "
-            f"{docs[row]!r} at row {row} (max_missing={allowed}): such a document can "
-            "never be found; fix the ids, or raise max_missing to accept them"
+            f"{converted.where}: {count} judged documents are not in the corpus, the first "
+            f"{docs[first]!r} at row {int(converted.rows[first])} (max_missing={allowed}): "
+            "such a document can never be found; fix the ids, or raise max_missing to "
+            "accept them"
         )
     if count:
         log.warning("%d judged documents are not in the corpus (max_missing %d): they "
@@ -230,8 +246,10 @@ def _missing(table: pa.Table, corpus_ids: np.ndarray | None, where: str, allowed
 
 
 def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table) -> None:
-    """The judgments as one part, then stale parts removed, then the spec."""
+    """The spec first (these labels are incomplete: an older ``complete`` never covers
+    them), then the judgments as one part, then the parts of an earlier import."""
     directory = layout.judgments(cfg.dataset)
+    write_spec(store, cfg.dataset, complete=False, corpus=cfg.corpus)
     table = table.sort_by([("query_id", "ascending"), ("doc_id", "ascending")])
     name = layout.part_name(0)
     store.write_bytes(f"{directory}/{name}", parquet_bytes(table))
@@ -239,7 +257,6 @@ def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Ta
         if stale.endswith(".parquet") and stale != name:
             log.info("removing %s of an earlier import", store.url(f"{directory}/{stale}"))
             store.remove(f"{directory}/{stale}")
-    write_spec(store, cfg.dataset, complete=False, corpus=cfg.corpus)
     log.info("wrote %d judgments of %s (%s)", table.num_rows, cfg.dataset,
              store.url(f"{directory}/{SPEC}"))  # fmt: skip
 

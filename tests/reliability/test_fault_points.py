@@ -396,6 +396,8 @@ def run_matrix(
     if parts > 1:
         chosen = chosen[part::parts]
         chose += f"; this test kills share {part + 1} of {parts}: " + "; ".join(chosen)
+        label = f"{label} share {part + 1}/{parts}"
+        assert chosen, f"{label}: no point in this share ({chose})"
     print(chose)
 
     failures = []

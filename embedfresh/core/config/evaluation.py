@@ -162,8 +162,8 @@ class PublishModelConfig(JobConfig):
 
 class ImportLabelsConfig(JobConfig):
     """A team's relevance labels, in the shape they have, written as a data set's
-    judgments; a BEIR folder's collection as the corpus they judge (docs/DATA.md "From
-    the labels a team has")."""
+    judgments; a BEIR folder's collection as the corpus they judge (docs/DATA.md
+    "Importing them")."""
 
     source: str
     """Where the labels are: a local path, ``file://...`` or ``s3://...``. ``esci`` and

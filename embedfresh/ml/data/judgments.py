@@ -158,19 +158,27 @@ def read_judgments(store: ArtifactStore, dataset: str, id_type: str | None = Non
 
 
 def check_judgments(
-    dataset: str, table: pa.Table, url: str, spec: dict, id_type: str | None = None
+    dataset: str,
+    table: pa.Table,
+    url: str,
+    spec: dict,
+    id_type: str | None = None,
+    rows: np.ndarray | None = None,
 ) -> Judgments:
-    """The judgments one table (to be written at ``url``) holds, checked by the rules
-    :func:`read_judgments` applies: what an import validates before its first write."""
-    conformed = conform(table, url, id_type)
-    return _build(dataset, conformed, [url], [conformed], spec)
+    """The judgments one table holds, checked by the rules :func:`read_judgments`
+    applies: what an import validates before its first write. ``url`` names the source
+    they came from, ``rows`` the source's row of each row (else the same)."""
+    conformed = conform(table, url, id_type, rows)
+    return _build(dataset, conformed, [url], [conformed], spec, rows)
 
 
 def _conform(store: ArtifactStore, rel: str, id_type: str | None) -> pa.Table:
     return conform(read_parquet(store, rel, read_dictionary=["query"]), store.url(rel), id_type)
 
 
-def conform(table: pa.Table, url: str, id_type: str | None) -> pa.Table:
+def conform(
+    table: pa.Table, url: str, id_type: str | None, rows: np.ndarray | None = None
+) -> pa.Table:
     """One file's four columns, checked and cast; the query texts dictionary-encoded (a
     few distinct texts repeated on every judged document of their query)."""
     missing = [c for c in COLUMNS if c not in table.column_names]
@@ -184,12 +192,13 @@ def conform(table: pa.Table, url: str, id_type: str | None) -> pa.Table:
         if col.null_count:
             first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             raise BadInputError(
-                f"{url}: {col.null_count} null values in {name}, the first at row {first}"
+                f"{url}: {col.null_count} null values in {name}, the first at row "
+                f"{_row(first, rows)}"
             )
     qid, query, doc, grade = (table.column(c) for c in COLUMNS)
     if not pa.types.is_integer(qid.type):
         raise BadInputError(f"{url}: query_id is {qid.type}, expected an integer")
-    query = _texts(query, url)
+    query = _texts(query, url, rows)
     if not pa.types.is_integer(grade.type):
         raise BadInputError(f"{url}: grade is {grade.type}, expected an integer 0-{MAX_GRADE}")
     g = grade.to_numpy()
@@ -197,7 +206,7 @@ def conform(table: pa.Table, url: str, id_type: str | None) -> pa.Table:
     if bad.any():
         first = int(np.argmax(bad))
         raise BadInputError(
-            f"{url}: grade {int(g[first])} at row {first} is outside 0-{MAX_GRADE} "
+            f"{url}: grade {int(g[first])} at row {_row(first, rows)} is outside 0-{MAX_GRADE} "
             f"({int(bad.sum())} such rows)"
         )
     is_str = pa.types.is_string(doc.type) or pa.types.is_large_string(doc.type)
@@ -219,7 +228,12 @@ def conform(table: pa.Table, url: str, id_type: str | None) -> pa.Table:
     )
 
 
-def _texts(query: pa.ChunkedArray, url: str) -> pa.ChunkedArray:
+def _row(row: int, rows: np.ndarray | None) -> int:
+    """The source's row of a table's row (``rows``: the source row of each)."""
+    return row if rows is None else int(rows[row])
+
+
+def _texts(query: pa.ChunkedArray, url: str, rows: np.ndarray | None = None) -> pa.ChunkedArray:
     """The query column as dictionary-encoded strings, none empty."""
     value_type = query.type.value_type if pa.types.is_dictionary(query.type) else query.type
     if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
@@ -233,7 +247,7 @@ def _texts(query: pa.ChunkedArray, url: str) -> pa.ChunkedArray:
                         np.flatnonzero(blank.to_numpy(zero_copy_only=False)))  # fmt: skip
         if empty.any():
             row = chunk_start + int(np.argmax(empty))
-            raise BadInputError(f"{url}: an empty query text at row {row}")
+            raise BadInputError(f"{url}: an empty query text at row {_row(row, rows)}")
     return query
 
 
@@ -245,7 +259,11 @@ def _chunks(column: pa.ChunkedArray) -> list[tuple[int, pa.Array]]:
     return out
 
 
-def _where(urls: list[str], tables: list[pa.Table], row: int) -> str:
+def _where(
+    urls: list[str], tables: list[pa.Table], row: int, rows: np.ndarray | None = None
+) -> str:
+    if rows is not None:
+        return f"row {_row(row, rows)} of {urls[0]}"
     for url, table in zip(urls, tables, strict=True):
         if row < table.num_rows:
             return f"row {row} of {url}"
@@ -254,7 +272,12 @@ def _where(urls: list[str], tables: list[pa.Table], row: int) -> str:
 
 
 def _build(
-    dataset: str, table: pa.Table, urls: list[str], tables: list[pa.Table], spec: dict
+    dataset: str,
+    table: pa.Table,
+    urls: list[str],
+    tables: list[pa.Table],
+    spec: dict,
+    rows: np.ndarray | None = None,
 ) -> Judgments:
     """The judgments in pool order, every row checked: one grade per (query, document),
     one text per query, a query without a relevant document left out (counted)."""
@@ -277,7 +300,7 @@ def _build(
         row = int(order[1:][twice][0])
         raise BadInputError(
             f"judgments of {dataset!r}: (query_id={int(qid[row])}, doc_id={doc[row].item()!r}) "
-            f"is judged twice ({_where(urls, tables, row)}); a pair has one grade"
+            f"is judged twice ({_where(urls, tables, row, rows)}); a pair has one grade"
         )
     retold = same_query & (t_sorted[1:] != t_sorted[:-1])
     if retold.any():
@@ -285,8 +308,9 @@ def _build(
         row, other = int(order[k + 1]), int(order[k])
         raise BadInputError(
             f"judgments of {dataset!r}: query_id {int(qid[row])} has two texts "
-            f"({texts.dictionary[int(text_at[row])].as_py()!r} at {_where(urls, tables, row)}, "
-            f"{texts.dictionary[int(text_at[other])].as_py()!r} at {_where(urls, tables, other)})"
+            f"({texts.dictionary[int(text_at[row])].as_py()!r} at {_where(urls, tables, row, rows)}, "
+            f"{texts.dictionary[int(text_at[other])].as_py()!r} at "
+            f"{_where(urls, tables, other, rows)})"
         )
     starts = np.flatnonzero(np.concatenate([[True], ~same_query]))
     uq = q_sorted[starts]
