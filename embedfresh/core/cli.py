@@ -59,22 +59,9 @@ def configure_logging() -> None:
     )
 
 
-def run_job(
-    name: str,
-    config_cls: type[C],
-    fn: Callable[[C], dict[str, Any]],
-    argv: Sequence[str] | None = None,
-    *,
-    read_only: bool = False,
-) -> int:
-    """Parse arguments, run ``fn(config)``, record and print its summary, return the exit code.
-
-    The result record goes to ``runs/{model}/{run_id}/results/{result name}.json`` of the
-    config's store, written after ``fn`` returned and before the summary is printed, so a
-    record exists only for an execution that succeeded. Under torchrun only global rank 0
-    writes it: the other ranks return their own small summaries. A ``read_only`` program
-    (a search at a shell) takes no lease and writes no record: it only prints.
-    """
+def _parser(name: str, config_cls: type, fn: Callable[..., Any]) -> argparse.ArgumentParser:
+    """A job's command line: ``--config``, ``--set``, the result record's name and the
+    attempt id; ``--help`` shows the job's docstring and every config field."""
     parser = argparse.ArgumentParser(
         prog=f"python -m embedfresh.jobs.{name}",
         description=inspect.cleandoc(fn.__doc__ or ""),
@@ -104,7 +91,26 @@ def run_job(
         help="copied into the result record, so whoever started this execution can tell "
         "its record from one an earlier execution left",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_job(
+    name: str,
+    config_cls: type[C],
+    fn: Callable[[C], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+    *,
+    read_only: bool = False,
+) -> int:
+    """Parse arguments, run ``fn(config)``, record and print its summary, return the exit code.
+
+    The result record goes to ``runs/{model}/{run_id}/results/{result name}.json`` of the
+    config's store, written after ``fn`` returned and before the summary is printed, so a
+    record exists only for an execution that succeeded. Under torchrun only global rank 0
+    writes it: the other ranks return their own small summaries. A ``read_only`` program
+    (a search at a shell) takes no lease and writes no record: it only prints.
+    """
+    args = _parser(name, config_cls, fn).parse_args(argv)
     configure_logging()
     try:
         # The children of an AWS Batch array job share one command line: each adds its

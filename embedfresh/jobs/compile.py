@@ -240,44 +240,64 @@ def _run_trial(
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Run this rank's part of the trial; returns the entry's files and the figures it
     found (rank 0's; empty on the other ranks)."""
+    if mode == modes.TORCH_COMPILE:
+        return _torch_compile_trial(trial_cfg, ranks)
+    return _subprocess_trial(cfg, trial_cfg, trial_store, mode, tmp, ranks, master)
+
+
+def _torch_compile_trial(
+    trial_cfg: TrainConfig, ranks: Ranks
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The trial in this process: the mega-cache is what this process compiled. The
+    training code is the train job's own (embedfresh.ml.training); a job never imports a
+    job. Under torchrun every rank trains its shard (the group is the job's, joined
+    already), as train does; rank 0's caches hold every graph (the same on each rank,
+    and the evaluation's, which rank 0 alone runs)."""
+    from embedfresh.ml.training import TrainingRun  # noqa: PLC0415 - imports torch
+
+    launch = ranks.launch
+    inductor_dir = torch_cache.fresh_inductor_dir()
+    try:
+        # On cpu, inductor's check of the CPU's vector ISAs, which it would otherwise
+        # run at its first compile: a cold start pays it, so the cold figure counts it.
+        # Rank 0 checks; a rank whose CPU offers the same ISAs takes its answer, as a
+        # restore does (N ranks of one node would otherwise each build the tests).
+        checked = time.perf_counter()
+        vec_isa: dict[str, Any] = {}
+        if trial_cfg.backend == "cpu" and launch.is_main:
+            vec_isa = ranks.agree(torch_cache.check_vec_isa())
+        elif trial_cfg.backend == "cpu":
+            vec_isa = torch_cache.same_cpu_vec_isa(ranks.agree(None))
+        check_seconds = time.perf_counter() - checked
+        with torch_cache.vec_isa_setting(vec_isa), TrainingRun.open(trial_cfg) as run:
+            # No version published: the trial's figures and graphs are the training's.
+            report = run.report(run.fit(), version_url=None)
+        if not launch.is_main:
+            return {}, {}
+        files = torch_cache.collect(inductor_dir, vec_isa)
+    finally:
+        shutil.rmtree(inductor_dir, ignore_errors=True)
+    found = _trial_figures(report)
+    if found["cold_seconds_to_first_step"] is not None:
+        found["cold_seconds_to_first_step"] += check_seconds
+    if vec_isa:
+        found["vec_isa"] = {**vec_isa, "check_seconds": round(check_seconds, 3)}
+    return files, found
+
+
+def _subprocess_trial(
+    cfg: CompileConfig,
+    trial_cfg: TrainConfig,
+    trial_store: ArtifactStore,
+    mode: str,
+    tmp: Path,
+    ranks: Ranks,
+    master: tuple[str, int] | None,
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The trial as the train job under the launch's shape: traced by torch-xla, or under
+    ``neuron_parallel_compile``, which compiles the node's graphs and says so."""
     launch = ranks.launch
     report_rel = layout.report(trial_cfg.model, trial_cfg.run_id, "train")
-    if mode == modes.TORCH_COMPILE:
-        # In this process: the mega-cache is what this process compiled. The training
-        # code is the train job's own (embedfresh.ml.training); a job never imports a job.
-        # Under torchrun every rank trains its shard (the group is the job's, joined
-        # already), as train does; rank 0's caches hold every graph (the same on each
-        # rank, and the evaluation's, which rank 0 alone runs).
-        from embedfresh.ml.training import TrainingRun  # noqa: PLC0415 - imports torch
-
-        inductor_dir = torch_cache.fresh_inductor_dir()
-        try:
-            # On cpu, inductor's check of the CPU's vector ISAs, which it would otherwise
-            # run at its first compile: a cold start pays it, so the cold figure counts it.
-            # Rank 0 checks; a rank whose CPU offers the same ISAs takes its answer, as a
-            # restore does (N ranks of one node would otherwise each build the tests).
-            checked = time.perf_counter()
-            vec_isa: dict[str, Any] = {}
-            if trial_cfg.backend == "cpu" and launch.is_main:
-                vec_isa = ranks.agree(torch_cache.check_vec_isa())
-            elif trial_cfg.backend == "cpu":
-                vec_isa = torch_cache.same_cpu_vec_isa(ranks.agree(None))
-            check_seconds = time.perf_counter() - checked
-            with torch_cache.vec_isa_setting(vec_isa), TrainingRun.open(trial_cfg) as run:
-                # No version published: the trial's figures and graphs are the training's.
-                report = run.report(run.fit(), version_url=None)
-            if not launch.is_main:
-                return {}, {}
-            files = torch_cache.collect(inductor_dir, vec_isa)
-        finally:
-            shutil.rmtree(inductor_dir, ignore_errors=True)
-        found = _trial_figures(report)
-        if found["cold_seconds_to_first_step"] is not None:
-            found["cold_seconds_to_first_step"] += check_seconds
-        if vec_isa:
-            found["vec_isa"] = {**vec_isa, "check_seconds": round(check_seconds, 3)}
-        return files, found
-
     if not launch.is_node_main:  # the node's first rank starts the trial for the node
         return {}, {}
     config_file = tmp / "trial-train.json"

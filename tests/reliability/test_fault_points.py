@@ -76,8 +76,36 @@ CHAIN = [
     ("rollback", ["run_id=back", "to_release=r1", "reason=fault-point matrix", "who=ci"], 0),
     # Retention 1, no grace: r2's table, embeddings and version go.
     ("garbage_collect", ["run_id=gc", "keep_releases=1", "grace_hours=0"], 0),
+    # A team's BEIR folder (LANDING, beside the store): its collection in two parts,
+    # then its judgments.
+    (
+        "import_labels",
+        [
+            "run_id=imp",
+            "source={root}/landing/nf",
+            "shape=beir",
+            "dataset=nf",
+            "corpus=nf",
+            "corpus_shard_rows=2",
+        ],
+        0,
+    ),  # fmt: skip
 ]
 JOBS = [job for job, _, _ in CHAIN]
+#: The BEIR folder ``import_labels`` reads (``{root}`` in a chain entry is the store's URL).
+LANDING = {
+    "corpus.jsonl": '{"_id": "MED-10", "title": "Statins", "text": "Statin use."}\n'
+    '{"_id": "МЕД-2", "text": "Витамин D."}\n{"_id": "医-3", "title": "食事", "text": "野菜。"}\n',
+    "queries.jsonl": '{"_id": "PLAIN-2", "text": "statins"}\n{"_id": "PLAIN-12", "text": "витамин"}\n',
+    "qrels/test.tsv": "query-id\tcorpus-id\tscore\nPLAIN-2\tMED-10\t2\nPLAIN-2\t医-3\t0\n"
+    "PLAIN-12\tМЕД-2\t1\n",
+}
+
+
+def chain_sets(sets: list[str], root: str) -> list[str]:
+    """A chain entry's settings at the store ``root``."""
+    return [s.replace("{root}", root) for s in sets]
+
 
 #: JSON keys whose values are clocks or speeds: equal runs differ in them.
 CLOCKS = (
@@ -295,12 +323,16 @@ def chain(
     shutil.copytree(data_template, store)
     root = f"file://{store}"
     first_release(root, index)
+    for name, text in LANDING.items():
+        (store / "landing/nf" / name).parent.mkdir(parents=True, exist_ok=True)
+        (store / "landing/nf" / name).write_text(text)
     before = {}
     for job, sets, code in CHAIN:
         before[job] = base / f"before-{job}"
         shutil.copytree(store, before[job])
         index.snapshot(job)
-        done = server.run(job, f"artifact_root={root}", *sets, env={INDEX_DSN_ENV: index.dsn})
+        done = server.run(job, f"artifact_root={root}", *chain_sets(sets, root),
+                          env={INDEX_DSN_ENV: index.dsn})  # fmt: skip
         assert done.exitcode == code, f"{job}: {done.stderr[-3000:]}"
     return store, before
 
@@ -457,7 +489,7 @@ def test_every_write_killed_then_a_plain_rerun_finishes_the_same(
     run_matrix(
         job,
         lambda *args, env: server.run(job, *args, env={INDEX_DSN_ENV: index.dsn, **env}),
-        (f"artifact_root=file://{store}", *sets),
+        (f"artifact_root=file://{store}", *chain_sets(sets, f"file://{store}")),
         code,
         restore=restore,
         state=lambda: {**state(store), **index.state()},

@@ -62,8 +62,9 @@ BUCKET = "fault-points"
 #: The artifact root's prefix in the bucket; snapshots live beside it, never under it.
 PREFIX = "prod"
 SNAPSHOTS = "snapshots"
-#: The file matrix's chain but export and compile; the matrix runs on :data:`S3_JOBS`.
-S3_CHAIN = [entry for entry in CHAIN if entry[0] not in {"export_st", "compile"}]
+#: The file matrix's chain but export, compile and import_labels (its writes are the
+#: store's plain ones); the matrix runs on :data:`S3_JOBS`.
+S3_CHAIN = [entry for entry in CHAIN if entry[0] not in {"export_st", "compile", "import_labels"}]
 S3_JOBS = [
     "train", "embed", "index_load", "search_check", "release", "corpus_sync", "garbage_collect",
 ]  # fmt: skip

@@ -201,8 +201,6 @@ def quantize_int8(
     with warnings.catch_warnings():  # torchao's modules warn of their own import paths
         warnings.simplefilter("ignore", DeprecationWarning)
         from torchao.quantization.pt2e import move_exported_model_to_eval
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
 
     if backend.device.type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise BadInputError(
@@ -217,34 +215,7 @@ def quantize_int8(
             "quantize=int8 calibrates its activation scales on the corpus's first shard, "
             "which has no text: embed a corpus whose first shard has rows, or quantize=none"
         )
-    fp32 = copy.deepcopy(model).eval()
-    # Two rows of 16 tokens as the example (ids and mask two distinct tensors: one
-    # tensor passed twice is traced as one input); rows and length are dynamic in the
-    # exported graph, so calibration runs each text at its own length. Strict export:
-    # the quantiser finds linear layers by the source metadata that only dynamo records.
-    example = (torch.full((2, 16), 7, dtype=torch.long), torch.ones((2, 16), dtype=torch.long))
-    dims = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
-    graph = torch.export.export(
-        _Embed(fp32).eval(), example, dynamic_shapes=(dims, dims), strict=True
-    ).module()
-    move_exported_model_to_eval(graph)  # its dropout calls, which .eval() cannot reach
-    _check_exported(graph, fp32, texts[0])
-    quantizer = x86.X86InductorQuantizer()
-    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
-    try:
-        prepared = prepare_pt2e(graph, quantizer)
-        with torch.no_grad():
-            for ids in texts:
-                row = torch.tensor([list(ids)], dtype=torch.long)
-                prepared(row, torch.ones_like(row))
-        converted = convert_pt2e(prepared)
-    except (NotImplementedError, RuntimeError) as err:
-        # Seen on MPNet: the quantiser observes the integer relative-position buckets.
-        raise BadInputError(
-            f"quantize=int8 cannot quantise this encoder ({type(model.encoder).__name__}): "
-            f"PyTorch's x86 quantiser failed on its graph ({type(err).__name__}: "
-            f"{str(err)[:200]}); use quantize=bf16 or quantize=none"
-        ) from err
+    converted = _calibrated(_exported(model, texts[0]), texts, model)
     move_exported_model_to_eval(converted)
     layers = sum(
         1
@@ -268,6 +239,56 @@ def quantize_int8(
         summary["between_gemms"],
     )
     return Int8Encoder(converted, model.spec, mixed), summary
+
+
+def _exported(model: RelevanceModel, first_text: Sequence[int]) -> torch.fx.GraphModule:
+    """The fp32 encoder exported with dynamic rows and length, checked against eager.
+
+    Two rows of 16 tokens as the example (ids and mask two distinct tensors: one tensor
+    passed twice is traced as one input); rows and length are dynamic in the exported
+    graph, so calibration runs each text at its own length. Strict export: the quantiser
+    finds linear layers by the source metadata that only dynamo records."""
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+
+    fp32 = copy.deepcopy(model).eval()
+    example = (torch.full((2, 16), 7, dtype=torch.long), torch.ones((2, 16), dtype=torch.long))
+    dims = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+    graph = torch.export.export(
+        _Embed(fp32).eval(), example, dynamic_shapes=(dims, dims), strict=True
+    ).module()
+    move_exported_model_to_eval(graph)  # its dropout calls, which .eval() cannot reach
+    _check_exported(graph, fp32, first_text)
+    return graph
+
+
+def _calibrated(
+    graph: torch.fx.GraphModule, texts: Sequence[Sequence[int]], model: RelevanceModel
+) -> torch.fx.GraphModule:
+    """``graph`` observed on ``texts`` (one at a time: no padding in the statistics) and
+    converted to int8 by the x86 inductor quantiser."""
+    import warnings
+
+    with warnings.catch_warnings():  # torchao's modules warn of their own import paths
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    quantizer = x86.X86InductorQuantizer()
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+    try:
+        prepared = prepare_pt2e(graph, quantizer)
+        with torch.no_grad():
+            for ids in texts:
+                row = torch.tensor([list(ids)], dtype=torch.long)
+                prepared(row, torch.ones_like(row))
+        return convert_pt2e(prepared)
+    except (NotImplementedError, RuntimeError) as err:
+        # Seen on MPNet: the quantiser observes the integer relative-position buckets.
+        raise BadInputError(
+            f"quantize=int8 cannot quantise this encoder ({type(model.encoder).__name__}): "
+            f"PyTorch's x86 quantiser failed on its graph ({type(err).__name__}: "
+            f"{str(err)[:200]}); use quantize=bf16 or quantize=none"
+        ) from err
 
 
 CALIBRATION_TEXTS = 512

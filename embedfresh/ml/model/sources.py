@@ -285,6 +285,44 @@ def _check_eos(store: ArtifactStore, config: dict[str, Any], tokenizer_json: byt
         )
 
 
+def _check_files(store: ArtifactStore, root: str, source: str) -> None:
+    """Safetensors weights (pickles are never loaded) and a fast tokenizer."""
+    if not store.exists("model.safetensors"):
+        names = set(store.listdir(""))
+        if "pytorch_model.bin" in names or any(n.endswith(".bin") for n in names):
+            raise BadInputError(
+                f"{root} has only PyTorch pickle weights (.bin), which are never unpickled "
+                f"here; convert them to safetensors first: {CONVERT_TO_SAFETENSORS.format(path=source)}"
+            )
+        raise BadInputError(f"{root} has no model.safetensors")
+    if not store.exists("tokenizer.json"):
+        raise BadInputError(
+            f"{root} has no tokenizer.json (a fast tokenizer); write one with: "
+            f"{SAVE_FAST_TOKENIZER.format(path=source)}"
+        )
+
+
+def _max_seq_length(
+    store: ArtifactStore, root: str, config: dict[str, Any], st_config: dict[str, Any]
+) -> int:
+    """``sentence_bert_config.json``'s, else ``tokenizer_config.json``'s
+    ``model_max_length`` within the positions, else the position limit."""
+    positions = positions_usable(config)
+    max_seq_length = st_config.get("max_seq_length")
+    if max_seq_length is None:
+        tok_cfg = _json(store, "tokenizer_config.json") or {}
+        limit = tok_cfg.get("model_max_length")
+        max_seq_length = (
+            int(limit) if isinstance(limit, int | float) and limit <= positions else positions
+        )
+    if not 2 <= int(max_seq_length) <= positions:
+        raise BadInputError(
+            f"{root}: max_seq_length {max_seq_length} is not within 2..{positions} "
+            "(max_position_embeddings)"
+        )
+    return int(max_seq_length)
+
+
 def read_source(source: str, storage_options: dict[str, Any] | None = None) -> SourceModel:
     """Read and validate the model directory at ``source``.
 
@@ -307,19 +345,7 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
             "run; use a model whose architecture transformers ships"
         )
     decoder = _check_architecture(root, config)
-    if not store.exists("model.safetensors"):
-        names = set(store.listdir(""))
-        if "pytorch_model.bin" in names or any(n.endswith(".bin") for n in names):
-            raise BadInputError(
-                f"{root} has only PyTorch pickle weights (.bin), which are never unpickled "
-                f"here; convert them to safetensors first: {CONVERT_TO_SAFETENSORS.format(path=source)}"
-            )
-        raise BadInputError(f"{root} has no model.safetensors")
-    if not store.exists("tokenizer.json"):
-        raise BadInputError(
-            f"{root} has no tokenizer.json (a fast tokenizer); write one with: "
-            f"{SAVE_FAST_TOKENIZER.format(path=source)}"
-        )
+    _check_files(store, root, source)
     modules = _json(store, "modules.json")
     if modules is None:
         # sentence-transformers mean-pools a plain transformers directory; a decoder
@@ -349,25 +375,13 @@ def read_source(source: str, storage_options: dict[str, Any] | None = None) -> S
         )
     if pooling == "lasttoken":
         _check_eos(store, config, tokenizer_json)
-    positions = positions_usable(config)
-    max_seq_length = st_config.get("max_seq_length")
-    if max_seq_length is None:
-        tok_cfg = _json(store, "tokenizer_config.json") or {}
-        limit = tok_cfg.get("model_max_length")
-        max_seq_length = (
-            int(limit) if isinstance(limit, int | float) and limit <= positions else positions
-        )
-    if not 2 <= int(max_seq_length) <= positions:
-        raise BadInputError(
-            f"{root}: max_seq_length {max_seq_length} is not within 2..{positions} "
-            "(max_position_embeddings)"
-        )
+    max_seq_length = _max_seq_length(store, root, config, st_config)
     return SourceModel(
         url=root,
         config=config,
         weights=store.read_bytes("model.safetensors"),
         tokenizer_json=tokenizer_json,
-        max_seq_length=int(max_seq_length),
+        max_seq_length=max_seq_length,
         pooling=pooling,
         normalize=normalize,
         kind=kind,

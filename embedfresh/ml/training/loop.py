@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,19 +126,7 @@ class Trainer:
         extracting = bool(os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY"))
         self.model.train()
         loss_fn = torch.nn.BCEWithLogitsLoss()
-        batches = backend.loader(
-            RankBatches(
-                self.data,
-                self.cfg.seed,
-                self.plan.per_epoch,
-                self.plan.batch_size,
-                backend.rank,
-                backend.world_size,
-                first,
-                last,
-                trim=not backend.static_shapes,
-            )
-        )
+        batches = self._batches(first, last)
         compiles_at_warmup, eval_compiles_at_warmup = None, 0
         progress = Progress(f"training {self.cfg.model}", last - first, unit="steps", log=log)
         preemption, gather = self._preemption()
@@ -186,6 +174,23 @@ class Trainer:
         if self.evaluator is not None and compiles_at_warmup is not None:
             after -= self.evaluator.compiles - eval_compiles_at_warmup  # evaluation's own graphs
         return LoopStats(time.perf_counter() - started, first_step_seconds, after)
+
+    def _batches(self, first: int, last: int) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches of steps ``first`` to ``last``, through the backend's loader."""
+        backend = self.backend
+        return backend.loader(
+            RankBatches(
+                self.data,
+                self.cfg.seed,
+                self.plan.per_epoch,
+                self.plan.batch_size,
+                backend.rank,
+                backend.world_size,
+                first,
+                last,
+                trim=not backend.static_shapes,
+            )
+        )
 
     def _forward_backward(
         self, batch: dict[str, torch.Tensor], loss_fn: torch.nn.Module

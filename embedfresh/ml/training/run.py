@@ -264,18 +264,7 @@ class TrainingRun:
         trained_start = state.init["source"] in ("production", "version")
         optimizer = make_optimizer(model, cfg, incremental=trained_start)
         schedule = make_schedule(optimizer, cfg.warmup_steps, plan.total)
-        if checkpoint is not None:
-            if checkpoint.sharded:  # its weights and optimizer state, resharded to this mesh
-                shards, _ = sharded_state(model, optimizer)
-                checkpoints.read_shards(checkpoint, shards)
-                load_sharded_state(
-                    model, optimizer, shards, checkpoint.state["optimizer"]["param_groups"]
-                )
-            restore_checkpoint_state(checkpoint, optimizer, schedule, backend, cfg.seed)
-        else:
-            # dropout stream independent of how init was reached; one per rank. Python's
-            # and NumPy's too: checkpoints record them, so equal runs write equal bytes.
-            seed_streams(cfg.seed, backend)
+        self._resume(checkpoint, checkpoints, model, optimizer, schedule)
         evaluator = None
         # A sharded model runs only on every rank at once: each evaluates, rank 0 writes.
         if cfg.eval_every is not None and (backend.is_main or self.sharding is not None):
@@ -305,21 +294,47 @@ class TrainingRun:
         )
         first_step = state.step
         stats = trainer.run(state)
-        resumed_from = None
-        if checkpoint is not None:
-            resumed_from = {
-                "step": first_step,
-                "url": checkpoint.url,
-                # Non-empty: this run's weights are not bit-exact with an uninterrupted run.
-                "kernels_changed": route_changes(
-                    checkpoint.meta.get("kernels"), kernel_route(backend)
-                ),
-            }
-            saved_by = checkpoint.meta.get("world_size", backend.world_size)
-            if saved_by != backend.world_size:
-                resumed_from["world_size_changed"] = [saved_by, backend.world_size]
+        resumed_from = None if checkpoint is None else self._resumed_from(checkpoint, first_step)
         tensor_bytes = backend.gather(local_tensor_bytes(model, optimizer))
         return Fitted(model, state, first_step, resumed_from, stats, evaluator, tensor_bytes)
+
+    def _resume(
+        self,
+        checkpoint: Checkpoint | None,
+        checkpoints: CheckpointManager,
+        model: RelevanceModel,
+        optimizer: torch.optim.Optimizer,
+        schedule: torch.optim.lr_scheduler.LRScheduler,
+    ) -> None:
+        """The checkpoint's optimizer, schedule and RNG streams (a sharded one's weights
+        and optimizer state resharded to this mesh), or fresh seeded streams."""
+        cfg, backend = self.cfg, self.backend
+        if checkpoint is None:
+            # dropout stream independent of how init was reached; one per rank. Python's
+            # and NumPy's too: checkpoints record them, so equal runs write equal bytes.
+            seed_streams(cfg.seed, backend)
+            return
+        if checkpoint.sharded:
+            shards, _ = sharded_state(model, optimizer)
+            checkpoints.read_shards(checkpoint, shards)
+            load_sharded_state(
+                model, optimizer, shards, checkpoint.state["optimizer"]["param_groups"]
+            )
+        restore_checkpoint_state(checkpoint, optimizer, schedule, backend, cfg.seed)
+
+    def _resumed_from(self, checkpoint: Checkpoint, first_step: int) -> dict[str, Any]:
+        """What the report says of the checkpoint a run resumed from."""
+        backend = self.backend
+        resumed_from: dict[str, Any] = {
+            "step": first_step,
+            "url": checkpoint.url,
+            # Non-empty: this run's weights are not bit-exact with an uninterrupted run.
+            "kernels_changed": route_changes(checkpoint.meta.get("kernels"), kernel_route(backend)),
+        }
+        saved_by = checkpoint.meta.get("world_size", backend.world_size)
+        if saved_by != backend.world_size:
+            resumed_from["world_size_changed"] = [saved_by, backend.world_size]
+        return resumed_from
 
     def _start_weights(self, model: RelevanceModel, checkpoint: Checkpoint | None) -> TrainState:
         """Load the checkpoint's weights into ``model``, or ``cfg.init``'s; the state
