@@ -160,7 +160,14 @@ def _compile(
     with tempfile.TemporaryDirectory(prefix="compile-trial-") as tmp:
         trial_store = ArtifactStore(f"file://{tmp}/store")
         trial_cfg = trial_config(cfg, store, trial_store, backend, day)
-        files, found = _run_trial(cfg, trial_cfg, trial_store, mode, Path(tmp), ranks, master)
+        # This rank's part of the trial: the entry's files and the figures it found
+        # (rank 0's; empty on the other ranks).
+        if mode == modes.TORCH_COMPILE:
+            files, found = _torch_compile_trial(trial_cfg, ranks)
+        else:
+            files, found = _subprocess_trial(
+                cfg, trial_cfg, trial_store, mode, Path(tmp), ranks, master
+            )
     if not launch.is_main:
         return {**base}
     created = _now()
@@ -227,22 +234,6 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
     first = next(iter(corpus_shards(store, corpus).values()))
     rel = f"{layout.corpus(corpus)}/{first}"
     trial.write_bytes(rel, store.read_bytes(rel))
-
-
-def _run_trial(
-    cfg: CompileConfig,
-    trial_cfg: TrainConfig,
-    trial_store: ArtifactStore,
-    mode: str,
-    tmp: Path,
-    ranks: Ranks,
-    master: tuple[str, int] | None = None,
-) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Run this rank's part of the trial; returns the entry's files and the figures it
-    found (rank 0's; empty on the other ranks)."""
-    if mode == modes.TORCH_COMPILE:
-        return _torch_compile_trial(trial_cfg, ranks)
-    return _subprocess_trial(cfg, trial_cfg, trial_store, mode, tmp, ranks, master)
 
 
 def _torch_compile_trial(
