@@ -4,9 +4,9 @@ Reads the candidate's per-example eval outcomes, evaluates the reference on the 
 held-out examples (the production version, or the baseline before the first
 promotion) with the candidate's recall@10 pool definition, refuses to compare reports
 whose pool definitions differ, decides PASS / FAIL / INCONCLUSIVE with paired bootstrap intervals
-(:mod:`embedfresh.ml.gate.decision`) and writes ``reports/gate.json`` with an SVG of the
-intervals against the tolerance band and the Vega-Lite chart the web UI shows
-(``reports/gate.vl.json``, :mod:`embedfresh.core.quality_chart`); a gate of another name
+(:mod:`embedfresh.ml.gate.decision`) and writes ``reports/gate.json`` with the Vega-Lite
+chart the web UI shows (``reports/gate.vl.json``, :mod:`embedfresh.core.quality_chart`)
+and that chart rendered (``reports/gate.svg``, vl-convert); a gate of another name
 (``report_name``) writes ``reports/{report_name}.*`` instead. Anything but PASS exits with
 code 3, unless ``refusal_exits=false`` in ``no_regression`` mode: then the decision is
 the job's outcome (exit 0, the verdict in its summary), which is how the Airflow
@@ -40,7 +40,6 @@ from embedfresh.ml.gate.decision import (
     gate,
 )
 from embedfresh.ml.gate.outcomes import load_outcomes
-from embedfresh.ml.gate.plot import intervals_svg
 from embedfresh.ml.gate.publish import publish_decision
 from embedfresh.ml.gate.sequential import plan_looks
 from embedfresh.ml.gate.stats import RANKING_METRICS
@@ -101,13 +100,14 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     # The chart the web UI shows, written before gate.json (the decision stays the last
     # write): a Vega-Lite spec built from the same numbers.
     chart_rel = layout.gate_chart(cfg.model, cfg.run_id, cfg.report_name)
-    store.write_json(chart_rel, quality_chart.gate_chart_spec({**result.to_dict(), **details}))
+    spec = quality_chart.gate_chart_spec({**result.to_dict(), **details})
+    store.write_json(chart_rel, spec)
     details["chart"] = store.url(chart_rel)
     report_url = publish_decision(
         store,
         cfg.model,
         cfg.run_id,
-        intervals_svg(result),
+        quality_chart.render_svg(spec),
         result.to_dict(),
         details,
         started,

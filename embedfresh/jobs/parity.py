@@ -6,8 +6,9 @@ process (run ids ``{run_id}-{backend}``), evaluating every ``eval_every`` steps.
 gates B's curve against A's in parity mode (:func:`embedfresh.ml.gate.decision.gate_curve`:
 two-sided |d| < tolerance, with paired bootstrap intervals, at every common evaluation
 point) and writes ``runs/{model}/{run_id}/reports/gate.json`` with the verdict, every
-point, the largest |d| (step and metric), and ``gate.svg`` (max |d| per step against the
-tolerance band). Anything but PASS exits with code 3, like the gate job.
+point, the largest |d| (step and metric), and ``gate.svg`` (the page's chart of the
+decision, :mod:`embedfresh.core.quality_chart`: each metric's d against the tolerance
+band, one panel per step). Anything but PASS exits with code 3, like the gate job.
 
 ``step`` splits it for machines of one backend each (AWS Batch job definitions): ``a``
 and ``b`` train one side, ``compare`` gates the two curves once both are there
@@ -36,14 +37,13 @@ import tempfile
 import time
 from typing import Any
 
-from embedfresh.core import layout
+from embedfresh.core import layout, quality_chart
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import ParityConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError, TransientError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.gate.decision import CurvePoint, CurveResult, gate_curve
 from embedfresh.ml.gate.outcomes import load_outcomes
-from embedfresh.ml.gate.plot import curve_svg
 from embedfresh.ml.gate.publish import publish_decision
 
 log = logging.getLogger("embedfresh.jobs.parity")
@@ -114,21 +114,18 @@ def parity(cfg: ParityConfig) -> dict[str, Any]:
         cfg.confidence,
         cfg.gate_seed,
     )
+    details = {
+        "init_version": cfg.init_version,
+        "eval_every": cfg.eval_every,
+        "steps": common,
+        "candidate": _side(sides["b"]),
+        "reference": _side(sides["a"]),
+        "curve": [_point(p) for p in curve.points],
+    }
+    # The chart the page draws of a parity decision, the gate's own (one library).
+    svg = quality_chart.render_svg(quality_chart.gate_chart_spec({**curve.to_dict(), **details}))
     report_url = publish_decision(
-        store,
-        cfg.model,
-        cfg.run_id,
-        curve_svg(curve),
-        curve.to_dict(),
-        {
-            "init_version": cfg.init_version,
-            "eval_every": cfg.eval_every,
-            "steps": common,
-            "candidate": _side(sides["b"]),
-            "reference": _side(sides["a"]),
-            "curve": [_point(p) for p in curve.points],
-        },
-        started,
+        store, cfg.model, cfg.run_id, svg, curve.to_dict(), details, started
     )
     log.info(
         "parity %s (%s vs %s): %s", curve.verdict, _label(cfg, "b"), _label(cfg, "a"), curve.reason
