@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedfresh.core import layout
+from embedfresh.core import layout, quality_chart
 from embedfresh.core.config import EvaluateConfig, GateConfig, ReleaseConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError, ExitCode, GateRefusedError
 from embedfresh.core.registry import Registry
@@ -89,20 +89,27 @@ def accuracy_of(store: ArtifactStore, report: dict) -> float:
 
 
 def check_svg(store: ArtifactStore, report: dict) -> ET.Element:
-    """The plot exists, is valid XML, and shows the +/- tolerance band and one interval
-    per metric."""
+    """The plot exists, is the page's chart (vl-convert's SVG of the decision's Vega-Lite
+    spec): the tolerance line at -0.1%, one interval per metric, the verdict in its title."""
     rel = report["plot"].removeprefix(store.url("")).lstrip("/")
     svg = ET.fromstring(store.read_bytes(rel))
     ns = "{http://www.w3.org/2000/svg}"
     assert svg.tag == f"{ns}svg"
-    (band,) = [r for r in svg.iter(f"{ns}rect") if r.get("class") == "tolerance-band"]
-    assert float(band.get("width")) > 0
+
+    def marks(name: str) -> list[ET.Element]:
+        (group,) = [
+            g for g in svg.iter(f"{ns}g") if f"role-mark {name}_marks" in (g.get("class") or "")
+        ]
+        return list(group)
+
+    assert marks("sla_line"), "no SLA line"
+    labels = [quality_chart.label(m["metric"]) for m in report["metrics"]]
+    for name in ("interval", "point"):  # one mark per metric, named by it
+        found = [e.get("aria-label", "").split(";")[0] for e in marks(name)]
+        assert found == [f"metric: {label}" for label in labels], (name, found)
     texts = [t.text or "" for t in svg.iter(f"{ns}text")]
-    assert "-0.10%" in texts and "+0.10%" in texts, texts
-    intervals = [ln for ln in svg.iter(f"{ns}line") if ln.get("class") == "interval"]
-    assert len(intervals) == len(report["metrics"])
-    title = svg.find(f"{ns}title").text
-    assert report["verdict"] in title and report["mode"] in title
+    assert "\u22120.1%" in texts and "+0.1%" in texts, texts  # vl-convert's minus sign
+    assert f"Gate {report['verdict']}: {report['mode'].replace('_', ' ')}" in texts, texts
     return svg
 
 
