@@ -85,8 +85,14 @@ def test_same_backend_twice_is_exact_parity(root, start):
     assert gate["max_abs_d"] == 0.0
     assert gate["steps"] == [2, 4] and [p["step"] for p in gate["points"]] == [2, 4]
     assert gate["candidate"]["run_id"] == "cc-cpu-b" and gate["reference"]["run_id"] == "cc-cpu-a"
+    # The page's chart of the decision: a panel per step, each with the tolerance band
+    # and one point per metric.
     svg = Path(gate["plot"].removeprefix("file://")).read_text()
-    assert "tolerance-band" in svg and svg.count('class="point"') == 2
+    metrics = len(gate["points"][0]["metrics"])
+    assert svg.count("role-mark tolerance_band_marks") == 2, svg[:500]
+    assert svg.count("role-mark point_marks") == 2
+    assert svg.count('aria-roledescription="point"') == 2 * metrics
+    assert ">Gate PASS: parity<" in svg and ">evaluation step<" in svg
 
 
 def test_sides_in_jobs_of_their_own_then_the_comparison(root, start):
