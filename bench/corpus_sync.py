@@ -63,13 +63,22 @@ def change(rows: int, upserts: int, deletes: int):
     return np.concatenate([replaced, added]), unit(rng, upserts), deleted
 
 
-def searches(dsn: str, name: str, queries: np.ndarray, stop: threading.Event | None) -> list:
+def searches(
+    dsn: str,
+    name: str,
+    queries: np.ndarray,
+    stop: threading.Event | None,
+    connected: threading.Event | None = None,
+) -> list:
     """Latencies (ms) of ``queries``, one at a time on a connection of its own; with
-    ``stop``, round after round until it is set."""
+    ``stop``, round after round until it is set. ``connected`` is set once the connection
+    is open, so the apply starts after it (the reader never waits to connect)."""
     from embedfresh.core.index.pgvector import PgVectorIndex
 
     out: list[float] = []
     with PgVectorIndex(dsn) as index:
+        if connected is not None:
+            connected.set()
         while True:
             found = index.search(name, queries, 10, ef_search=100)
             out += (found.seconds * 1000).tolist()
@@ -96,10 +105,12 @@ def run(rows: int, upserts: int, deletes: int, memory: str) -> dict:
                 out["idle_ms"] = searches(dsn, "indexed", queries, None)
                 stop = threading.Event()
                 busy: list[float] = []
+                connected = threading.Event()
                 reader = threading.Thread(
-                    target=lambda: busy.extend(searches(dsn, "indexed", queries, stop))
+                    target=lambda: busy.extend(searches(dsn, "indexed", queries, stop, connected))
                 )
                 reader.start()
+                connected.wait()
                 t0 = time.perf_counter()
                 index.apply_changes("indexed", done, ids, vectors, gone)
                 out["indexed_seconds"] = time.perf_counter() - t0

@@ -93,7 +93,7 @@ def test_esci_judgments_of_a_split_are_graded_e3_s2_c1_i0(root, tmp_path):
     assert sorted(judged.query_ids.tolist()) == [3, 7, 12] and not judged.complete
     report = json.loads((root / "runs/tiny/imp/reports/import-esci.json").read_text())
     assert report["grades"] == {"0": 1, "1": 1, "2": 1, "3": 2}
-    assert report["missing_from_corpus"] == 0 and report["corpus_parts_written"] == 0
+    assert report["missing_from_corpus"] == 0 and not report["corpus_from_source"]
     # One locale only; a re-import replaces the judgments.
     assert run(root, f"source={path}", "shape=esci", "dataset=esci", "corpus=catalog",
                "locale=jp") == 0  # fmt: skip
@@ -149,7 +149,8 @@ def test_a_beir_folder_gives_its_corpus_and_judgments_with_string_ids(root, tmp_
     assert run(root, f"source={folder}", "shape=beir", "dataset=nf2", "corpus=nf2",
                "corpus_shard_rows=2") == 0  # fmt: skip
     report = json.loads((root / "runs/tiny/imp/reports/import-nf2.json").read_text())
-    assert report["corpus_parts_written"] == 1
+    assert report["corpus_from_source"] and report["corpus_parts"] == 2
+    assert (root / "corpora/nf2/part-00001.parquet").exists()
     assert (root / layout.judgments("nf2") / "part-00000.parquet").read_bytes() == before
 
 

@@ -658,6 +658,21 @@ def test_parity_curve_draws_one_line_per_metric_over_the_steps(client: TestClien
     assert [p["step"] for p in points] == [25, 50, 75]
 
 
+def test_the_parity_job_s_own_report_is_drawn_from_its_points(client: TestClient, store: Path):
+    """The parity job writes each step's metrics under ``points`` and a per-step summary
+    (|d| only) under ``curve``: the curve shown is the points'."""
+    path = store / "runs/tiny" / GATE_RUN / "reports/gate.json"
+    gate = json.loads(path.read_text())
+    final = gate["curve"][0]
+    gate["mode"] = "parity"
+    gate["points"] = [{**final, "step": step} for step in (2, 4)]
+    gate["curve"] = [{"step": s, "verdict": "PASS", "max_abs_d": 0.0, "d": {}} for s in (2, 4)]
+    path.write_text(json.dumps(gate))
+    points = client.get("/api/models/tiny/curve").json()["data"]["points"]
+    assert [p["step"] for p in points] == [2, 4]
+    assert [len(p["metrics"]) for p in points] == [len(final["metrics"])] * 2 != [0, 0]
+
+
 def test_reads_an_s3_store_like_a_local_one(auth, s3_endpoint: str):
     import boto3
 

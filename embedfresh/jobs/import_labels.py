@@ -74,7 +74,8 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
     )
     missing = _missing(converted, corpus_ids, cfg.max_missing)
 
-    written = 0 if collection is None else _write_corpus(store, corpus_rel, collection, cfg)
+    if collection is not None:
+        _write_corpus(store, corpus_rel, collection, cfg)
     _write_judgments(store, cfg, table)
     report = {
         "status": "ok",
@@ -82,7 +83,9 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
         "shape": cfg.shape,
         "dataset": cfg.dataset,
         "corpus": cfg.corpus,
-        "corpus_parts_written": written,
+        # What the store holds, not what this attempt wrote: a re-run reports the same.
+        "corpus_from_source": collection is not None,
+        "corpus_parts": len(list_parts(store, corpus_rel)),
         "rows": table.num_rows,
         "queries": int(len(np.unique(table.column("query_id").to_numpy()))),
         "scorable_queries": len(judged),
@@ -188,8 +191,9 @@ def _ours(
 
 def _write_corpus(
     store: ArtifactStore, rel: str, collection: pa.Table, cfg: ImportLabelsConfig
-) -> int:
-    """The collection's parts the corpus lacks, one at a time; how many were written."""
+) -> None:
+    """The collection's parts the corpus lacks, one at a time (an earlier attempt's are
+    kept: :func:`_ours` found them equal)."""
     written = 0
     for index in range(-(-collection.num_rows // cfg.corpus_shard_rows)):
         part = f"{rel}/{layout.part_name(index)}"
@@ -198,7 +202,6 @@ def _write_corpus(
             written += 1
     log.info("corpus %s: %d texts, %d parts written now", store.url(rel),
              collection.num_rows, written)  # fmt: skip
-    return written
 
 
 def _corpus_ids(

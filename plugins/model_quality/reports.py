@@ -346,10 +346,18 @@ def gate_report(store: ArtifactStore, model: str, run_id: str) -> dict[str, Any]
 
 
 def curve(gate: dict[str, Any]) -> list[dict[str, Any]]:
-    """Evaluation points of a gate report: ``curve`` when present, else its one final point."""
-    points = gate.get("curve")
-    if not isinstance(points, list) or not points:
-        points = [{"step": "final", "metrics": gate.get("metrics")}]
+    """Evaluation points of a gate report: the parity job's ``points`` or the gate's
+    ``curve`` (the first whose points carry their metrics), else its one final point.
+    A parity report's ``curve`` is a summary per step (|d| only), not the points."""
+    points = next(
+        (
+            gate[key]
+            for key in ("points", "curve")
+            if isinstance(gate.get(key), list)
+            and any(isinstance(p, dict) and isinstance(p.get("metrics"), list) for p in gate[key])
+        ),
+        [{"step": "final", "metrics": gate.get("metrics")}],
+    )
     return [
         {
             "step": p.get("step"),

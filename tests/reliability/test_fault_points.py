@@ -76,8 +76,8 @@ CHAIN = [
     ("rollback", ["run_id=back", "to_release=r1", "reason=fault-point matrix", "who=ci"], 0),
     # Retention 1, no grace: r2's table, embeddings and version go.
     ("garbage_collect", ["run_id=gc", "keep_releases=1", "grace_hours=0"], 0),
-    # A team's BEIR folder (LANDING, beside the store): its collection in two parts,
-    # then its judgments.
+    # A team's BEIR folder (LANDING, written inside the store at landing/nf): its
+    # collection in two parts, then its judgments.
     (
         "import_labels",
         [

@@ -248,7 +248,11 @@ def _exported(model: RelevanceModel, first_text: Sequence[int]) -> torch.fx.Grap
     passed twice is traced as one input); rows and length are dynamic in the exported
     graph, so calibration runs each text at its own length. Strict export: the quantiser
     finds linear layers by the source metadata that only dynamo records."""
-    from torchao.quantization.pt2e import move_exported_model_to_eval
+    import warnings
+
+    with warnings.catch_warnings():  # torchao's modules warn of their own import paths
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchao.quantization.pt2e import move_exported_model_to_eval
 
     fp32 = copy.deepcopy(model).eval()
     example = (torch.full((2, 16), 7, dtype=torch.long), torch.ones((2, 16), dtype=torch.long))
