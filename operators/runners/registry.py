@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from embedfresh.core.extensions import Extensions
 from embedfresh.core.settings import load_implementation
 
 if TYPE_CHECKING:
@@ -156,7 +157,13 @@ class RegisteredRunner:
         return factory(**values)
 
 
-_registry: dict[str, RegisteredRunner] = {}
+_runners: Extensions[RegisteredRunner] = Extensions(
+    "execution_mode",
+    unknown=lambda name, names: (
+        f"unknown execution_mode {name!r}; registered: {', '.join(names)} "
+        "(embedfresh.operators.runners.register_runner adds one)"
+    ),
+)
 
 
 def register_runner(
@@ -185,8 +192,6 @@ def register_runner(
     if not isinstance(name, str) or not name:
         raise ValueError(f"a runner needs a non-empty name, got {name!r}")
     name = str(name)  # an ExecutionMode member is kept as its plain value
-    if name in _registry and not replace:
-        raise ValueError(f"execution_mode {name!r} is already registered (pass replace=True)")
     if not isinstance(implementation, str) and not callable(implementation):
         raise TypeError(
             f"runner {name!r}: {implementation!r} is neither callable nor a "
@@ -194,7 +199,8 @@ def register_runner(
         )
     if settings is not None and not isinstance(settings, str) and not callable(settings):
         raise TypeError(f"runner {name!r}: settings {settings!r} is neither callable nor a string")
-    _registry[name] = RegisteredRunner(name, implementation, required_settings, settings)
+    registered = RegisteredRunner(name, implementation, required_settings, settings)
+    _runners.register(name, registered, replace=replace)
 
 
 def unregister_runner(name: str) -> None:
@@ -202,13 +208,12 @@ def unregister_runner(name: str) -> None:
 
     :raises ValueError: no runner is registered as ``name``.
     """
-    registered_runner(name)
-    del _registry[str(name)]
+    _runners.unregister(str(name))
 
 
 def registered_runners() -> tuple[str, ...]:
     """The valid ``execution_mode`` values, in registration order."""
-    return tuple(_registry)
+    return _runners.names()
 
 
 def registered_runner(name: str) -> RegisteredRunner:
@@ -216,13 +221,9 @@ def registered_runner(name: str) -> RegisteredRunner:
 
     :raises ValueError: none is; the message lists the registered names.
     """
-    try:
-        return _registry[str(name)]
-    except KeyError:
-        raise ValueError(
-            f"unknown execution_mode {name!r}; registered: {', '.join(_registry)} "
-            "(embedfresh.operators.runners.register_runner adds one)"
-        ) from None
+    registered = _runners.entry(str(name))
+    assert isinstance(registered, RegisteredRunner)  # only register_runner adds entries
+    return registered
 
 
 def _describe(implementation: str | RunnerFactory) -> str:

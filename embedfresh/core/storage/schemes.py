@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.settings import load_implementation
+from embedfresh.core.extensions import Extensions
 from embedfresh.core.storage.base import Scheme
 
 #: URL scheme -> ``"module:Class"`` of its Scheme. A plain path (no scheme) is ``file``.
@@ -23,7 +23,14 @@ BUILT_IN_SCHEMES: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_registry: dict[str, str | type[Scheme]] = dict(BUILT_IN_SCHEMES)
+_schemes: Extensions[type[Scheme]] = Extensions(
+    "storage scheme",
+    built_in=BUILT_IN_SCHEMES,
+    base=Scheme,
+    unknown=lambda name, names: (
+        f"storage scheme {name!r} is not registered (known: {_known(names)})"
+    ),
+)
 
 
 def register_scheme(
@@ -39,16 +46,7 @@ def register_scheme(
     """
     if not name or not name.isascii() or not name[0].isalpha() or name != name.lower():
         raise ValueError(f"{name!r} is not a lower-case URL scheme")
-    if name in _registry and not replace:
-        raise ValueError(f"storage scheme {name!r} is already registered (pass replace=True)")
-    if not isinstance(implementation, str) and not (
-        isinstance(implementation, type) and issubclass(implementation, Scheme)
-    ):
-        raise TypeError(
-            f"storage scheme {name!r}: {implementation!r} is neither a Scheme subclass "
-            "nor a 'module:Class' string"
-        )
-    _registry[name] = implementation
+    _schemes.register(name, implementation, replace=replace)
 
 
 def unregister_scheme(name: str) -> None:
@@ -56,14 +54,12 @@ def unregister_scheme(name: str) -> None:
 
     :raises ValueError: no scheme is registered as ``name``.
     """
-    if name not in _registry:
-        raise ValueError(f"storage scheme {name!r} is not registered (known: {_known()})")
-    del _registry[name]
+    _schemes.unregister(name)
 
 
 def scheme_names() -> tuple[str, ...]:
     """The registered URL schemes, in registration order."""
-    return tuple(_registry)
+    return _schemes.names()
 
 
 def scheme_class(name: str, root: str) -> type[Scheme]:
@@ -72,17 +68,13 @@ def scheme_class(name: str, root: str) -> type[Scheme]:
     :raises BadInputError: no scheme is registered as ``name``; the message lists those
         that are.
     """
-    entry = _registry.get(name)
-    if entry is None:
-        raise BadInputError(f"artifact root {root!r}: unsupported scheme {name!r} (use {_known()})")
-    if isinstance(entry, type):
-        return entry
-    cls = load_implementation(entry)  # the scheme's module is imported here, not before
-    if not (isinstance(cls, type) and issubclass(cls, Scheme)):
-        raise TypeError(f"storage scheme {name!r}: {entry!r} is not a Scheme subclass")
-    return cls
+    if name not in _schemes:
+        raise BadInputError(
+            f"artifact root {root!r}: unsupported scheme {name!r} (use {_known(scheme_names())})"
+        )
+    return _schemes.load(name)  # the scheme's module is imported here, not before
 
 
-def _known() -> str:
-    names = [f"{n}://" for n in _registry]
+def _known(schemes: tuple[str, ...]) -> str:
+    names = [f"{n}://" for n in schemes]
     return " or ".join(names) if len(names) <= 2 else f"{', '.join(names[:-1])} or {names[-1]}"

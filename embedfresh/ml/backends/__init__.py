@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from embedfresh.core.exit_codes import BadInputError
-from embedfresh.core.settings import AUTO_BACKEND, BACKEND_IMPLEMENTATIONS, load_implementation
+from embedfresh.core.extensions import Extensions
+from embedfresh.core.settings import AUTO_BACKEND, BACKEND_IMPLEMENTATIONS
 from embedfresh.ml import threads
 from embedfresh.ml.backends.base import Backend
 
@@ -38,8 +39,15 @@ __all__ = [
 #: Present on a host with AWS Neuron devices (trn1, inf2).
 NEURON_DEVICE = Path("/dev/neuron0")
 
-# name -> a Backend subclass, or the "module:Class" string naming one (imported on use).
-_registry: dict[str, str | type[Backend]] = dict(BACKEND_IMPLEMENTATIONS)
+#: name -> a Backend subclass, or the "module:Class" string naming one (imported on use).
+_backends: Extensions[type[Backend]] = Extensions(
+    "backend",
+    built_in=BACKEND_IMPLEMENTATIONS,
+    base=Backend,
+    unknown=lambda name, names: (
+        f"unknown backend {name!r}: choose one of {', '.join((AUTO_BACKEND, *names))}"
+    ),
+)
 
 
 def register_backend(
@@ -58,16 +66,7 @@ def register_backend(
     """
     if not name or name == AUTO_BACKEND:
         raise ValueError(f"backend name {name!r} is reserved or empty")
-    if name in _registry and not replace:
-        raise ValueError(f"backend {name!r} is already registered (pass replace=True)")
-    if not isinstance(implementation, str) and not (
-        isinstance(implementation, type) and issubclass(implementation, Backend)
-    ):
-        raise TypeError(
-            f"backend {name!r}: {implementation!r} is neither a Backend subclass "
-            "nor a 'module:Class' string"
-        )
-    _registry[name] = implementation
+    _backends.register(name, implementation, replace=replace)
 
 
 def unregister_backend(name: str) -> None:
@@ -75,14 +74,12 @@ def unregister_backend(name: str) -> None:
 
     :raises ValueError: no backend is registered as ``name``.
     """
-    if name not in _registry:
-        raise ValueError(_unknown(name))
-    del _registry[name]
+    _backends.unregister(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """The registered backend names, in registration order (``auto`` not included)."""
-    return tuple(_registry)
+    return _backends.names()
 
 
 def detect(
@@ -107,15 +104,16 @@ def resolve_name(name: str) -> str:
     """
     if name == AUTO_BACKEND:
         name = detect()
-    if name not in _registry:
-        raise BadInputError(_unknown(name))
+    if name not in _backends:
+        raise BadInputError(_backends.unknown(name))
     return name
 
 
 def sharding_refusal(name: str) -> str | None:
     """Why the registered backend ``name`` cannot shard a model (fsdp, hsdp), or None,
     asked before it is built (:meth:`Backend.sharding_refusal`)."""
-    return _implementation(resolve_name(name)).sharding_refusal(resolve_name(name))
+    name = resolve_name(name)
+    return _backends.load(name).sharding_refusal(name)
 
 
 def get_backend(name: str) -> Backend:
@@ -126,18 +124,4 @@ def get_backend(name: str) -> Backend:
     """
     name = resolve_name(name)
     threads.apply()  # before the job's first torch op: the CPUs it is given, not the host's
-    return _implementation(name).create(name)
-
-
-def _implementation(name: str) -> type[Backend]:
-    entry = _registry[name]
-    if isinstance(entry, type):
-        return entry
-    cls = load_implementation(entry)  # the backend's module is imported here, not before
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise TypeError(f"backend {name!r}: {entry!r} is not a Backend subclass")
-    return cls
-
-
-def _unknown(name: str) -> str:
-    return f"unknown backend {name!r}: choose one of {', '.join((AUTO_BACKEND, *_registry))}"
+    return _backends.load(name).create(name)  # its module imported here, not before
