@@ -9,6 +9,7 @@ fields Airflow 3.3 gives a callback (``ti`` with ``xcom_pull``, ``dag``, ``run_i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
@@ -300,6 +301,27 @@ def test_people_s_text_is_never_rendered_as_a_template(webhook):
     text = webhook.requests[0]["body"]["text"]
     assert "d is {{ 7 * 7 }} &lt;b&gt;off&lt;/b&gt; &amp; worse" in text  # Slack's escapes
     assert "49" not in text
+
+
+def test_people_s_text_reaches_the_email_verbatim_on_every_call(smtp):
+    # Twice: a second message must not be the first's, nor rendered; the context's DAG
+    # (a SimpleNamespace here, a SerializedDAG under dag.test()) has no template env.
+    mail = _only(notifiers("gate"), notify.EmailNotifier)
+    summary = {**FAIL_SUMMARY, "reason": "d is {{ 7 * 7 }} <b>off</b> & worse"}
+    mail(gate_context(summary))
+    mail(gate_context(summary))
+    assert len(smtp.messages()) == 2
+    for message in smtp.messages():
+        body = message.get_body(preferencelist=("html",)).get_content()
+        assert "d is {{ 7 * 7 }} &lt;b&gt;off&lt;/b&gt; &amp; worse" in body  # HTML escapes
+        assert "49" not in body
+
+
+def test_the_notifiers_refuse_the_async_path_they_do_not_implement(smtp, webhook):
+    for notifier in notifiers("gate"):
+        with pytest.raises(NotImplementedError):
+            asyncio.run(notifier.async_notify(gate_context(FAIL_SUMMARY)))
+    assert smtp.envelopes == [] and webhook.requests == []
 
 
 def test_a_refused_webhook_fails_the_callback_loudly(webhook):
