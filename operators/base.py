@@ -285,34 +285,26 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if runner_settings and batch:
+            raise SettingsError("give the runner's settings as runner_settings or batch, not both")
         self.artifact_root = default_artifact_root() if artifact_root is None else artifact_root
         self.model = model
         self.backend = backend
         self.run_id = run_id
         self.job_settings = job_settings or {}
         self.env = env or {}
+        self.execution_mode = str(execution_mode)
         self.nproc_per_node = nproc_per_node
-        if runner_settings and batch:
-            raise SettingsError("give the runner's settings as runner_settings or batch, not both")
         self.runner_settings = runner_settings or batch or {}
         self.check_inputs = check_inputs or {}
-        unknown = set(self.check_inputs) - {"corpus", "version"}
-        if unknown:
-            raise SettingsError(f"check_inputs takes corpus and version, not {sorted(unknown)}")
-        # Checked here, at parse time: a typo in a DAG file is an import error, not a
-        # task that fails hours later.
-        self._check_model()
-        try:
-            registered = registered_runner(execution_mode)
-        except ValueError as e:
-            raise SettingsError(f"task {self.task_id}: {e}") from None
-        self.execution_mode = str(execution_mode)
-        if registered.required_settings and not self.runner_settings:
-            raise SettingsError(
-                f"execution_mode={self.execution_mode!r} needs its runner settings, "
-                f"e.g. {registered.required_settings}"
-            )
-        # The operator's own aws_conn_id and deferrable; batch={} may still carry them.
+        self._own_runner_settings(aws_conn_id, deferrable)
+        # Checked here, at parse time and without I/O: a typo in a DAG file is an import
+        # error, not a task that fails hours later.
+        self._check_at_parse_time()
+
+    def _own_runner_settings(self, aws_conn_id: str | None, deferrable: bool | None) -> None:
+        """The operator's ``aws_conn_id`` and ``deferrable``: its arguments, else inside
+        ``batch=``, else the defaults (``aws_default``; Airflow's ``default_deferrable``)."""
         #: Which of :data:`OPERATOR_RUNNER_SETTINGS` were given as operator arguments
         #: (``aws_conn_id=None`` is given: no connection, boto3's own credentials).
         given = {"aws_conn_id": aws_conn_id is not NOT_GIVEN, "deferrable": deferrable is not None}
@@ -331,7 +323,6 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
             from airflow.sdk.configuration import conf
 
             self.deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
-        self._check_settings_at_parse_time(registered)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
@@ -371,9 +362,26 @@ class EmbedfreshJobOperator(FailFastTemplatesMixin, BaseOperator):
             except BadInputError as e:
                 raise SettingsError(f"task {self.task_id}: {e}") from None
 
-    def _check_settings_at_parse_time(self, registered: RegisteredRunner) -> None:
-        """What can be checked before templates render: job_settings keys, and the runner
-        settings (by name only where a value is templated)."""
+    def _check_at_parse_time(self) -> None:
+        """What can be checked before templates render, with no I/O: ``check_inputs``'
+        keys, the model's name, the execution mode, ``job_settings``' keys, and the runner
+        settings (by name only where a value is templated).
+
+        :raises SettingsError: the first of those that is wrong.
+        """
+        unknown = set(self.check_inputs) - {"corpus", "version"}
+        if unknown:
+            raise SettingsError(f"check_inputs takes corpus and version, not {sorted(unknown)}")
+        self._check_model()
+        try:
+            registered = registered_runner(self.execution_mode)
+        except ValueError as e:
+            raise SettingsError(f"task {self.task_id}: {e}") from None
+        if registered.required_settings and not self.runner_settings:
+            raise SettingsError(
+                f"execution_mode={self.execution_mode!r} needs its runner settings, "
+                f"e.g. {registered.required_settings}"
+            )
         if isinstance(self.job_settings, Mapping):
             problem = self.job_settings_problem(self.job_settings)
             if problem:
