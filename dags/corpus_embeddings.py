@@ -39,10 +39,10 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from embedfresh.operators import (
-    BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     ResolveModelVersionOperator,
+    ShardEmbeddingOperator,
     model_asset,
 )
 from embedfresh.operators.embed import BatchArrayEmbeddingOperator
@@ -120,7 +120,7 @@ with DAG(
             corpus="{{ params.corpus }}",
             shards_per_task="{{ params.shards_per_task }}",
         )
-        embed = BatchEmbeddingOperator.partial(
+        embed = ShardEmbeddingOperator.partial(
             task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=VERSION
         ).expand_kwargs(list_shards.output)
         resolve_version >> list_shards >> embed >> verify

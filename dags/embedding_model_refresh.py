@@ -88,7 +88,6 @@ from embedfresh.operators import (
     AcceleratorHealthOperator,
     AheadOfTimeCompileOperator,
     BatchArrayEmbeddingOperator,
-    BatchEmbeddingOperator,
     CorporaOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
@@ -98,6 +97,7 @@ from embedfresh.operators import (
     QualityGateOperator,
     ReleaseOperator,
     SearchCheckOperator,
+    ShardEmbeddingOperator,
 )
 from embedfresh.operators.approval import ReleaseApprovalOperator, approval_timeout
 from embedfresh.operators.deadline import refresh_deadline_alert
@@ -234,7 +234,7 @@ with DAG(
             artifact_root="{{ params.artifact_root }}",
             corpora=corpora.output,
         )
-        embed = BatchEmbeddingOperator.partial(
+        embed = ShardEmbeddingOperator.partial(
             task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=CANDIDATE
         ).expand_kwargs(list_shards.output)
         corpora >> list_shards >> embed

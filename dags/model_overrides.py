@@ -30,7 +30,6 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from embedfresh.operators import (
-    BatchEmbeddingOperator,
     CorporaOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
@@ -38,6 +37,7 @@ from embedfresh.operators import (
     ReleaseOperator,
     RollbackOperator,
     SearchCheckOperator,
+    ShardEmbeddingOperator,
 )
 from embedfresh.operators.notify import notifiers
 from embedfresh.operators.params import (
@@ -98,7 +98,7 @@ with DAG(
     list_shards = CorpusShardsOperator(
         task_id="list_shards", artifact_root="{{ params.artifact_root }}", corpora=corpora.output
     )
-    embed = BatchEmbeddingOperator.partial(
+    embed = ShardEmbeddingOperator.partial(
         task_id="embed", **COMMON, **task_resources("embed"), version=VERSION
     ).expand_kwargs(list_shards.output)
     verify = EmbeddingVerifyOperator.partial(

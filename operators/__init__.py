@@ -24,11 +24,12 @@ from embedfresh.operators.compile import AheadOfTimeCompileOperator
 from embedfresh.operators.constants import ExecutionMode
 from embedfresh.operators.embed import (
     BatchArrayEmbeddingOperator,
-    BatchEmbeddingOperator,
+    BatchEmbeddingOperator,  # deprecated alias of ShardEmbeddingOperator, for one release
     CorporaOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     ResolveModelVersionOperator,
+    ShardEmbeddingOperator,
 )
 from embedfresh.operators.evaluate import EvaluationOperator
 from embedfresh.operators.gate import QualityGateOperator
@@ -66,7 +67,7 @@ __all__ = [
     "AwsBatchRunner",
     "BackendParityOperator",
     "BatchArrayEmbeddingOperator",
-    "BatchEmbeddingOperator",
+    "BatchEmbeddingOperator",  # deprecated alias of ShardEmbeddingOperator, for one release
     "BatchSettings",
     "CorporaOperator",
     "CorpusSyncOperator",
@@ -89,6 +90,7 @@ __all__ = [
     "Runner",
     "SearchCheckOperator",
     "SettingsError",
+    "ShardEmbeddingOperator",
     "VectorIndexOperator",
     "corpus_asset",
     "embeddings_asset",

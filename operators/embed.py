@@ -4,7 +4,7 @@ Two fan-outs, one verify step:
 
 - **mapped tasks** (the local runner, small corpora): ``ResolveModelVersionOperator``
   (which version) -> ``CorpusShardsOperator`` (which shards, as a list for dynamic task
-  mapping) -> ``BatchEmbeddingOperator.partial(...).expand(shards=...)``;
+  mapping) -> ``ShardEmbeddingOperator.partial(...).expand(shards=...)``;
 - **one AWS Batch array job** (large corpora): ``ResolveModelVersionOperator`` ->
   ``BatchArrayEmbeddingOperator(execution_mode="aws_batch", ...)``, one task that plans
   the pending shards and submits one array job whose children embed a slice each;
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from warnings import warn
 
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -232,11 +233,11 @@ class _EmbedJobOperator(EmbedfreshJobOperator):
         return {"version": self.version, "corpus": self.corpus}
 
 
-class BatchEmbeddingOperator(_EmbedJobOperator):
+class ShardEmbeddingOperator(_EmbedJobOperator):
     """Embeds corpus shards with one committed model version (``python -m embedfresh.jobs.embed``).
 
     Skips shards already committed, so a retry only does what is left. Map it over
-    shards: ``BatchEmbeddingOperator.partial(...).expand(shards=list_shards.output)``.
+    shards: ``ShardEmbeddingOperator.partial(...).expand(shards=list_shards.output)``.
 
     :param version: model version to embed with (templated).
     :param corpus: corpus name (templated).
@@ -265,10 +266,41 @@ class BatchEmbeddingOperator(_EmbedJobOperator):
         return settings
 
 
+class BatchEmbeddingOperator(ShardEmbeddingOperator):
+    """Deprecated alias of :class:`ShardEmbeddingOperator`, the name it had before it was
+    renamed (it runs on any runner, not only AWS Batch); removed in the next release.
+
+    The same operator, arguments and results; constructing it (or calling ``partial``)
+    warns with a :class:`DeprecationWarning` naming the new name. Its tasks show this
+    class name as their task type until the DAG imports the new one.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        # stacklevel 3: past Airflow's apply_defaults wrapper, to the DAG file's line. This
+        # module imports warn, not warnings: Airflow rewrites a module's ``warnings`` to
+        # add its own stack levels (fixup_decorator_warning_stack).
+        warn(_RENAMED_EMBED_OPERATOR, DeprecationWarning, stacklevel=3)
+        super().__init__(**kwargs)
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """``ShardEmbeddingOperator.partial``, with the deprecation warning at parse time
+        (a mapped task is constructed only when it runs)."""
+        warn(_RENAMED_EMBED_OPERATOR, DeprecationWarning, stacklevel=2)
+        return super().partial(**kwargs)
+
+
+_RENAMED_EMBED_OPERATOR = (
+    "BatchEmbeddingOperator is deprecated and will be removed in the next release: use "
+    "ShardEmbeddingOperator (the same operator, renamed: it runs on any execution_mode, "
+    "not only AWS Batch)"
+)
+
+
 class BatchArrayEmbeddingOperator(_EmbedJobOperator):
     """Embeds every pending shard of a corpus in one task: one AWS Batch array job.
 
-    What a mapped ``BatchEmbeddingOperator`` does with one task per shard group, this
+    What a mapped ``ShardEmbeddingOperator`` does with one task per shard group, this
     does with one task and one ``SubmitJob``, for corpora of thousands of shards
     (Airflow maps at most ``max_map_length`` = 1,024 tasks, and each mapped task holds a
     worker slot and pays a task start). In order:

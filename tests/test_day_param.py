@@ -346,12 +346,12 @@ def test_a_template_that_renders_is_untouched():
 TEMPLATE_ERROR_DAG = """
 import datetime as dt
 from airflow.sdk import DAG
-from embedfresh.operators import BatchEmbeddingOperator, EvaluationOperator
+from embedfresh.operators import ShardEmbeddingOperator, EvaluationOperator
 
 with DAG("template_errors", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
          default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=0)}):
     EvaluationOperator(task_id="plain", model="tiny", artifact_root="{{ data_interval_start | ds }}")
-    BatchEmbeddingOperator.partial(
+    ShardEmbeddingOperator.partial(
         task_id="mapped", model="tiny", corpus="products", artifact_root="file:///r",
         version="{{ data_interval_start | ds }}",
     ).expand(shards=[[0], [1]])

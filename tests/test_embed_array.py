@@ -307,7 +307,7 @@ def batch_job_name(op: Any) -> str:
 def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     tmp_path: Path, executor: Any
 ):
-    from embedfresh.operators import BatchEmbeddingOperator
+    from embedfresh.operators import ShardEmbeddingOperator
 
     roots = {}
     for kind in ("batch", "local"):
@@ -354,7 +354,7 @@ def test_50k_rows_as_an_array_job_with_a_retried_child_equal_the_local_runner(
     assert manifest["rows"] == ROWS and len(manifest["parts"]) == SHARDS
 
     # The local runner (one process, every shard) writes the very same bytes.
-    local = BatchEmbeddingOperator(
+    local = ShardEmbeddingOperator(
         task_id="embed_local", model="tiny", artifact_root=roots["local"], version="v1", corpus=CORPUS,
         run_id=RUN, env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip

@@ -5,8 +5,9 @@ import error, or a failure without retry once rendered; ``deferrable`` defaults 
 ``[operators] default_deferrable`` and ``aws_conn_id`` is an operator argument; the task
 links to its AWS Batch job (the Amazon provider's own links, stored as the provider's
 ``BatchOperator`` stores them) and to the model's "Model quality" page; the datasets a
-job read and wrote are given to OpenLineage when its provider is installed; and the
-store the control plane reads takes an Airflow connection.
+job read and wrote are given to OpenLineage when its provider is installed; the
+store the control plane reads takes an Airflow connection; and a renamed operator's old
+name keeps working, with a warning, for one release.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pydoc
 import re
 import sys
 import types
+import warnings
 from typing import Any
 
 import pytest
@@ -29,10 +31,10 @@ from embedfresh.core.results import ResultTicket, write_result
 from embedfresh.core.settings import ARTIFACT_ROOT_ENV
 from embedfresh.operators import (
     AcceleratorHealthOperator,
-    BatchEmbeddingOperator,
     EmbedfreshJobOperator,
     EvaluationOperator,
     JobSpec,
+    ShardEmbeddingOperator,
 )
 from embedfresh.operators.base import JOB_CONFIGS, SettingsError
 from embedfresh.operators.lineage import DatasetRef, job_datasets, operator_lineage
@@ -56,12 +58,12 @@ def test_a_forgotten_model_fails_the_dag_file_naming_it_never_the_demos():
     # A mapped task's arguments reach its __init__ only when it runs: partial asks now.
     with DAG("d", schedule=None):
         with pytest.raises(TypeError, match="partial.*missing keyword argument 'model'"):
-            BatchEmbeddingOperator.partial(task_id="embed", version="v1", corpus="docs")
-        BatchEmbeddingOperator.partial(
+            ShardEmbeddingOperator.partial(task_id="embed", version="v1", corpus="docs")
+        ShardEmbeddingOperator.partial(
             task_id="ok", model="minilm", version="v1", corpus="docs"
         ).expand(shards=[[0], [1]])
     with DAG("defaults", schedule=None, default_args={"model": "minilm"}):
-        BatchEmbeddingOperator.partial(task_id="embed", version="v1", corpus="d").expand(
+        ShardEmbeddingOperator.partial(task_id="embed", version="v1", corpus="d").expand(
             shards=[[0]]
         )
     for bad in ("", "a/b", "../x"):
@@ -98,7 +100,7 @@ def test_a_job_settings_typo_is_a_dag_import_error():
     assert evaluation(job_settings={"batch_size": "{{ params.b }}"}).job_settings
     # A mapped task is unmapped when it runs: the same error, then without retry.
     with DAG("m", schedule=None):
-        mapped = BatchEmbeddingOperator.partial(
+        mapped = ShardEmbeddingOperator.partial(
             task_id="embed", model="minilm", version="v1", corpus="docs",
             job_settings={"tokn_budget": 1024},
         ).expand(shards=[[0]])  # fmt: skip
@@ -405,6 +407,58 @@ def test_lineage_reaches_openlineage_only_through_its_provider(monkeypatch):
         [("file", "/s/embeddings/m/v/c")],
     )
     assert evaluation().get_openlineage_facets_on_complete(None) is None  # nothing ran
+
+
+# --- renamed operators: the old name for one release ------------------------------------
+
+
+def test_batch_embedding_operator_is_a_deprecated_alias_that_builds_the_same_operator():
+    """``BatchEmbeddingOperator`` embeds on any runner, not only AWS Batch: it is
+    ``ShardEmbeddingOperator`` now. The old name is importable from both paths for one
+    release, warns naming the new one where a DAG uses it (constructed, or ``partial``)
+    but not where it is imported, and builds the same job."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # importing the old name does not warn
+        from embedfresh.operators import BatchEmbeddingOperator
+        from embedfresh.operators.embed import BatchEmbeddingOperator as from_embed
+    import embedfresh.operators
+
+    assert from_embed is BatchEmbeddingOperator
+    assert "BatchEmbeddingOperator" in embedfresh.operators.__all__
+    assert "ShardEmbeddingOperator" in embedfresh.operators.__all__
+    args = {
+        "task_id": "embed", "artifact_root": "file:///r", "model": "minilm", "run_id": "r1",
+        "version": "v1", "corpus": "docs", "shards": [0, 2], "token_budget": 1024,
+    }  # fmt: skip
+    renamed = r"BatchEmbeddingOperator is deprecated.*use ShardEmbeddingOperator"
+    with pytest.warns(DeprecationWarning, match=renamed) as record:
+        old = BatchEmbeddingOperator(**args)
+    # Attributed to the line that used the old name, not to Airflow's __init__ wrapper.
+    assert [w.filename for w in record if "BatchEmbeddingOperator" in str(w.message)] == [__file__]
+    new = ShardEmbeddingOperator(**args)
+    assert isinstance(old, ShardEmbeddingOperator)
+    assert old.build_job_spec() == new.build_job_spec()
+    assert old.template_fields == new.template_fields and old.job_name == new.job_name == "embed"
+    # A mapped task: partial warns while the DAG file parses, and the task it unmaps to
+    # runs the same job as the new name's.
+    with DAG("renamed", schedule=None):
+        with pytest.warns(DeprecationWarning, match=renamed) as record:
+            mapped = BatchEmbeddingOperator.partial(
+                task_id="embed", model="minilm", version="v1", corpus="docs"
+            ).expand(shards=[[0], [1]])
+        assert [w.filename for w in record if "BatchEmbeddingOperator" in str(w.message)] == [
+            __file__
+        ]
+        fresh = ShardEmbeddingOperator.partial(
+            task_id="fresh", model="minilm", version="v1", corpus="docs"
+        ).expand(shards=[[0], [1]])
+    with pytest.warns(DeprecationWarning, match=renamed):
+        unmapped = mapped.unmap({"shards": [1]})
+    assert isinstance(unmapped, ShardEmbeddingOperator)
+    assert unmapped.job_specific_settings() == fresh.unmap({"shards": [1]}).job_specific_settings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name never warns
+        ShardEmbeddingOperator(**args)
 
 
 # --- documentation ----------------------------------------------------------------------

@@ -713,12 +713,12 @@ def test_the_runner_uses_the_workers_interpreter():
 def test_embedding_and_parity_operators_build_their_jobs_settings():
     from embedfresh.operators import (
         BackendParityOperator,
-        BatchEmbeddingOperator,
         EmbeddingVerifyOperator,
+        ShardEmbeddingOperator,
     )
 
     common = dict(artifact_root="file:///r", run_id="r1", model="tiny")
-    embed = BatchEmbeddingOperator(
+    embed = ShardEmbeddingOperator(
         task_id="e", **common, version="v1", corpus="products", shards=[0, 2]
     )
     spec = embed.build_job_spec()
@@ -728,7 +728,7 @@ def test_embedding_and_parity_operators_build_their_jobs_settings():
     }  # fmt: skip
     assert (
         "shards"
-        not in BatchEmbeddingOperator(task_id="a", **common, version="v1", corpus="products")
+        not in ShardEmbeddingOperator(task_id="a", **common, version="v1", corpus="products")
         .build_job_spec()
         .settings
     )
@@ -845,7 +845,7 @@ def test_corpora_are_checked_and_their_shards_listed_as_each_embed_tasks_kwargs(
     from airflow.sdk.exceptions import AirflowFailException as Fail
 
     from embedfresh.core.config import EmbedConfig
-    from embedfresh.operators import BatchEmbeddingOperator, CorporaOperator, CorpusShardsOperator
+    from embedfresh.operators import CorporaOperator, CorpusShardsOperator, ShardEmbeddingOperator
 
     _corpus_dir(tmp_path, "products", 3)
     _corpus_dir(tmp_path, "docs", 2)
@@ -878,7 +878,7 @@ def test_corpora_are_checked_and_their_shards_listed_as_each_embed_tasks_kwargs(
     ]
     configs = [
         config_of(
-            BatchEmbeddingOperator(
+            ShardEmbeddingOperator(
                 task_id="embed",
                 artifact_root=root,
                 model="tiny",

@@ -32,7 +32,6 @@ from airflow.sdk.exceptions import AirflowException
 
 from embedfresh.operators import (
     AcceleratorHealthOperator,
-    BatchEmbeddingOperator,
     CorpusShardsOperator,
     EmbeddingVerifyOperator,
     EvaluationOperator,
@@ -41,6 +40,7 @@ from embedfresh.operators import (
     QualityGateOperator,
     ReleaseOperator,
     SearchCheckOperator,
+    ShardEmbeddingOperator,
 )
 from tests.batch_harness import (
     PYTHON,
@@ -138,7 +138,7 @@ def refresh(root: str, mode: str, runner_settings: dict[str, Any]) -> dict[str, 
         task_id="list_shards", artifact_root=root, corpora=["products"], shards_per_task=2
     ).execute({})
     for index, kwargs in enumerate(groups):
-        embed = BatchEmbeddingOperator(task_id="embed", **common, version=version, **kwargs)
+        embed = ShardEmbeddingOperator(task_id="embed", **common, version=version, **kwargs)
         run(embed, index)
     run(EmbeddingVerifyOperator(task_id="verify", **common, version=version, corpus="products"))
     run(IndexLoadOperator(task_id="load_index", **common, corpus="products"))

@@ -16,11 +16,11 @@ from airflow.sdk import DAG, Param
 
 from embedfresh.operators import (
     AcceleratorHealthOperator,
-    BatchEmbeddingOperator,
     EmbeddingVerifyOperator,
     EvaluationOperator,
     IncrementalTrainingOperator,
     QualityGateOperator,
+    ShardEmbeddingOperator,
 )
 
 RUN_ID = "reuse-{{ ds_nodash }}"
@@ -58,7 +58,7 @@ with DAG(
     )
     health >> train >> evaluate >> [wide_gate, recall_gate]
     for corpus in ("products", "docs"):
-        embed = BatchEmbeddingOperator(
+        embed = ShardEmbeddingOperator(
             task_id=f"embed_{corpus}", **ARGS, version=RUN_ID, corpus=corpus, token_budget=2048
         )
         verify = EmbeddingVerifyOperator(
