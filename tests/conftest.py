@@ -72,7 +72,12 @@ def run_job(
         cmd += ["--set", s]
     full_env = job_env(env)
     if not fresh and forkserver_enabled(full_env):
-        return _forked(cmd, full_env, timeout)
+        from embedfresh.operators.runners.forkserver import ForkServerUnavailable
+
+        try:
+            return _forked(cmd, full_env, timeout)
+        except ForkServerUnavailable as e:  # as the local runner does: a fresh interpreter
+            print(f"fork server unavailable ({e}): {name} starts a fresh interpreter")
     return subprocess.run(
         cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
     )

@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -242,6 +243,25 @@ def test_a_server_that_cannot_start_leaves_the_job_to_a_fresh_interpreter(
     code, lines, facts = run([*JOB, "describe"], env)
     assert code == 0 and facts["torch_before"] is False
     assert any("Fork server unavailable" in line and "fresh interpreter" in line for line in lines)
+
+
+def test_a_server_that_yields_to_one_closing_down_is_followed_by_one_that_listens(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    # A server that finds the socket of one closing down exits 0 (EADDRINUSE) and the
+    # other removes its socket as it goes: the client starts another, the job is forked.
+    spawn, spawned = forkserver._spawn, []
+
+    def first_yields(path: str, server_env: dict[str, str], cwd: str) -> subprocess.Popen:
+        spawned.append(path)
+        if len(spawned) == 1:
+            return subprocess.Popen([sys.executable, "-c", "pass"])
+        return spawn(path, server_env, cwd)
+
+    monkeypatch.setattr(forkserver, "_spawn", first_yields)
+    code, lines, facts = run([*JOB, "describe"], env)
+    assert code == 0 and facts["torch_before"] is True, lines
+    assert len(spawned) >= 2 and not any("unavailable" in line for line in lines)
 
 
 def test_only_the_projects_jobs_under_this_interpreter_are_forked():

@@ -155,9 +155,11 @@ def serve(path: str, idle_s: float) -> tuple[Request, list[int]] | None:
             elif time.monotonic() - last_busy > idle_s:
                 return None
     finally:
-        # Only the server removes its socket (a forked child passes here on its way out).
+        # Only the server removes its socket (a forked child passes here on its way out),
+        # its empty log first: a client that finds no socket starts a server whose log
+        # this one must not remove.
         if os.getpid() == server_pid:
-            for leftover in (path, f"{path}.log"):
+            for leftover in (f"{path}.log", path):
                 try:
                     if leftover == path or os.path.getsize(leftover) == 0:
                         os.unlink(leftover)  # the socket, and its log unless it says something

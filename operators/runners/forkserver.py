@@ -227,27 +227,38 @@ def _connect(path: str) -> socket.socket | None:
 def _start_server(path: str, env: Mapping[str, str], cwd: str) -> socket.socket:
     # Not the task's own variables: the server outlives the task that started it.
     server_env = {k: v for k, v in env.items() if not k.startswith(("AIRFLOW_CTX_", "_"))}
+    proc = _spawn(path, server_env, cwd)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        conn = _connect(path)
+        if conn is not None:
+            return conn
+        if proc.poll() == 0:
+            # It found the socket of a server closing down (it exits 0 then), which
+            # removes the socket as it goes: start another.
+            proc = _spawn(path, server_env, cwd)
+        elif proc.poll() is not None:
+            try:
+                tail = Path(f"{path}.log").read_text(errors="replace")[-500:]
+            except OSError:
+                tail = "(no log)"
+            raise ForkServerUnavailable(f"the fork server exited with {proc.returncode}: {tail}")
+        time.sleep(0.05)
+    proc.kill()
+    raise ForkServerUnavailable(f"the fork server did not listen within {START_TIMEOUT_S:.0f} s")
+
+
+def _spawn(path: str, env: Mapping[str, str], cwd: str) -> subprocess.Popen[bytes]:
     with open(f"{path}.log", "ab") as log:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", SERVER_MODULE, "--socket", path, "--idle-s", str(IDLE_S)],
-            env=server_env,
+            env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        conn = _connect(path)
-        if conn is not None:
-            return conn
-        if proc.poll() is not None:
-            tail = Path(f"{path}.log").read_text(errors="replace")[-500:]
-            raise ForkServerUnavailable(f"the fork server exited with {proc.returncode}: {tail}")
-        time.sleep(0.05)
-    proc.kill()
-    raise ForkServerUnavailable(f"the fork server did not listen within {START_TIMEOUT_S:.0f} s")
 
 
 def _request(
