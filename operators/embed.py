@@ -3,8 +3,8 @@
 Two fan-outs, one verify step:
 
 - **mapped tasks** (the local runner, small corpora): ``ResolveModelVersionOperator``
-  (which version) -> ``CorpusShardsOperator`` (which shards, as a list for dynamic task
-  mapping) -> ``ShardEmbeddingOperator.partial(...).expand(shards=...)``;
+  (which version) -> ``CorpusShardsOperator`` (``{"corpus", "shards"}`` dicts for dynamic
+  task mapping) -> ``ShardEmbeddingOperator.partial(...).expand_kwargs(...)``;
 - **one AWS Batch array job** (large corpora): ``ResolveModelVersionOperator`` ->
   ``BatchArrayEmbeddingOperator(execution_mode="aws_batch", ...)``, one task that plans
   the pending shards and submits one array job whose children embed a slice each;
@@ -237,7 +237,7 @@ class ShardEmbeddingOperator(_EmbedJobOperator):
     """Embeds corpus shards with one committed model version (``python -m embedfresh.jobs.embed``).
 
     Skips shards already committed, so a retry only does what is left. Map it over
-    shards: ``ShardEmbeddingOperator.partial(...).expand(shards=list_shards.output)``.
+    shards: ``ShardEmbeddingOperator.partial(...).expand_kwargs(list_shards.output)``.
 
     :param version: model version to embed with (templated).
     :param corpus: corpus name (templated).
@@ -271,7 +271,7 @@ class BatchEmbeddingOperator(ShardEmbeddingOperator):
     renamed (it runs on any runner, not only AWS Batch); removed in the next release.
 
     The same operator, arguments and results; constructing it (or calling ``partial``)
-    warns with a :class:`DeprecationWarning` naming the new name. Its tasks show this
+    warns with a :class:`FutureWarning` naming the new name. Its tasks show this
     class name as their task type until the DAG imports the new one.
     """
 
@@ -279,14 +279,14 @@ class BatchEmbeddingOperator(ShardEmbeddingOperator):
         # stacklevel 3: past Airflow's apply_defaults wrapper, to the DAG file's line. This
         # module imports warn, not warnings: Airflow rewrites a module's ``warnings`` to
         # add its own stack levels (fixup_decorator_warning_stack).
-        warn(_RENAMED_EMBED_OPERATOR, DeprecationWarning, stacklevel=3)
+        warn(_RENAMED_EMBED_OPERATOR, FutureWarning, stacklevel=3)
         super().__init__(**kwargs)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
         """``ShardEmbeddingOperator.partial``, with the deprecation warning at parse time
         (a mapped task is constructed only when it runs)."""
-        warn(_RENAMED_EMBED_OPERATOR, DeprecationWarning, stacklevel=2)
+        warn(_RENAMED_EMBED_OPERATOR, FutureWarning, stacklevel=2)
         return super().partial(**kwargs)
 
 

@@ -810,7 +810,8 @@ class EmbedfreshNotifier(BaseNotifier, abc.ABC):
     A channel implements :meth:`send` with a provider's notifier built for the message
     (imported then: the HTTP one costs a DAG file 0.2 s of imports).
 
-    Nothing is rendered as Jinja: the messages carry people's text (a reason). Only the
+    None of our text is rendered as Jinja: the messages carry people's text (a reason);
+    only a sender the SMTP provider reads from its connection is (admin data). Only the
     synchronous path is offered (``async_notify`` is the base class's refusal)."""
 
     channel = "none"

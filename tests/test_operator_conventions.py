@@ -431,7 +431,7 @@ def test_batch_embedding_operator_is_a_deprecated_alias_that_builds_the_same_ope
         "version": "v1", "corpus": "docs", "shards": [0, 2], "token_budget": 1024,
     }  # fmt: skip
     renamed = r"BatchEmbeddingOperator is deprecated.*use ShardEmbeddingOperator"
-    with pytest.warns(DeprecationWarning, match=renamed) as record:
+    with pytest.warns(FutureWarning, match=renamed) as record:
         old = BatchEmbeddingOperator(**args)
     # Attributed to the line that used the old name, not to Airflow's __init__ wrapper.
     assert [w.filename for w in record if "BatchEmbeddingOperator" in str(w.message)] == [__file__]
@@ -442,7 +442,7 @@ def test_batch_embedding_operator_is_a_deprecated_alias_that_builds_the_same_ope
     # A mapped task: partial warns while the DAG file parses, and the task it unmaps to
     # runs the same job as the new name's.
     with DAG("renamed", schedule=None):
-        with pytest.warns(DeprecationWarning, match=renamed) as record:
+        with pytest.warns(FutureWarning, match=renamed) as record:
             mapped = BatchEmbeddingOperator.partial(
                 task_id="embed", model="minilm", version="v1", corpus="docs"
             ).expand(shards=[[0], [1]])
@@ -452,7 +452,7 @@ def test_batch_embedding_operator_is_a_deprecated_alias_that_builds_the_same_ope
         fresh = ShardEmbeddingOperator.partial(
             task_id="fresh", model="minilm", version="v1", corpus="docs"
         ).expand(shards=[[0], [1]])
-    with pytest.warns(DeprecationWarning, match=renamed):
+    with pytest.warns(FutureWarning, match=renamed):
         unmapped = mapped.unmap({"shards": [1]})
     assert isinstance(unmapped, ShardEmbeddingOperator)
     assert unmapped.job_specific_settings() == fresh.unmap({"shards": [1]}).job_specific_settings()
