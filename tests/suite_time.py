@@ -74,7 +74,6 @@ FILE_SECONDS: dict[str, float] = {
     "tests/test_parity.py": 76,
     "tests/reliability/test_s3_faults.py": 76,
     "tests/reliability/test_fault_points_sharded.py": 64,
-    "tests/test_runner_results.py": 62,
     "tests/test_embed_scale.py": 60,
 }
 

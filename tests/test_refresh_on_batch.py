@@ -10,7 +10,13 @@ on Batch, with the embed mapped over shard groups and with the embed as one arra
 per corpus (a test each), and is compared with the local run: the session's golden run
 (tests/golden.py, the refresh tests/test_dags.py checks; made once, read here). Their
 XComs must be equal except what cannot be: timing, the run id (in versions and URLs),
-cache hits, where each ran, its artifact root and its database.
+cache hits, where each ran, its artifact root and its database, and a float's last bits
+(a bootstrap quantile of the gate has differed by one ulp between two processes).
+
+Each fan-out's Batch run is made once (the module's ``batch_refresh``) and read by two
+tests: the XComs against the local run's, and each task's result record, which under
+Batch is the only way a job's summary reaches its operator, written by that task's own
+Batch job (tests/test_runner_results.py: a record no job wrote is refused).
 """
 
 from __future__ import annotations
@@ -20,15 +26,25 @@ import os
 import re
 import sys
 import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from embedfresh.core.results import child_result_name
 from embedfresh.core.settings import INDEX_DSN_ENV
-from tests.batch_harness import QUEUE, SINGLE, moto_batch_server, run_batch_executor
-from tests.golden import REFRESH, fresh_database
-from tests.test_dags import run_dag
+from tests.batch_harness import (
+    QUEUE,
+    SINGLE,
+    ExecutedJob,
+    describe,
+    moto_batch_server,
+    run_batch_executor,
+)
+from tests.golden import REFRESH, Golden, fresh_database
+from tests.test_dags import Run, run_dag
 
 #: The jobs of the refresh's steps (as Batch job names start): each must have been submitted.
 JOBS = (
@@ -47,18 +63,62 @@ COST = {"compute_hours", "estimated_cost_usd"}
 TABLE = re.compile(r"\bemb_[a-z0-9_]+_[0-9a-f]{12}\b")
 
 
-@pytest.fixture
-def batch(monkeypatch: pytest.MonkeyPatch):
-    yield from moto_batch_server(monkeypatch)
+@dataclass(frozen=True)
+class BatchRefresh:
+    """A refresh whose every job step ran on (moto's) AWS Batch."""
+
+    fan_out: str
+    run: Run
+    database: str
+    """Its index database's name on the session's server."""
+    executed: list[ExecutedJob]
+    """Every job attempt the executor ran, in order."""
+    submits: list[dict[str, Any]]
+    """Every SubmitJob request."""
+    described: dict[str, dict[str, Any]]
+    """Batch's own DescribeJobs record of each executed job, by job id."""
 
 
-@pytest.fixture
-def executor(batch, monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(scope="module", params=["mapped", "array"])
+def batch_refresh(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    golden_session: Golden,
+    pg_server: str,
+) -> BatchRefresh:
+    """The refresh on AWS Batch, the embed mapped over shard groups or one array job per
+    corpus (``EMBEDFRESH_EMBED_FAN_OUT``), after the local one (so the golden run is
+    made first, and on the local runner)."""
+    fan_out = request.param
     # The "image's" python is this venv's, first on its PATH.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    yield from run_batch_executor(
-        monkeypatch, runnable_delay=0.1, max_parallel=2, extra_env={"PATH": path}
-    )
+    with (
+        pytest.MonkeyPatch.context() as env,
+        contextmanager(moto_batch_server)(env) as batch,
+        contextmanager(run_batch_executor)(
+            env, runnable_delay=0.1, max_parallel=2, extra_env={"PATH": path}
+        ) as executor,
+    ):
+        # Each run its own database of one PostgreSQL with pgvector, as production has
+        # it: the worker's EMBEDFRESH_INDEX_DSN for the local run, the job definition's
+        # secret (the "image's" environment here) for the Batch run.
+        env.delenv(INDEX_DSN_ENV, raising=False)
+        env.setenv("EMBEDFRESH_EXECUTION_MODE", "aws_batch")
+        env.setenv("EMBEDFRESH_BATCH_JOB_QUEUE", QUEUE)
+        env.setenv("EMBEDFRESH_BATCH_JOB_DEFINITION", SINGLE)
+        env.setenv("EMBEDFRESH_BATCH_POLL_INTERVAL", "0.2")
+        env.setenv("EMBEDFRESH_EMBED_FAN_OUT", fan_out)
+        database = f"{fan_out}_{uuid.uuid4().hex[:8]}"
+        executor.extra_env[INDEX_DSN_ENV] = fresh_database(pg_server, database)
+        run = run_dag(REFRESH, tmp_path_factory.mktemp(f"batch-{fan_out}"), request)
+        assert run.facts["state"] == "success", (
+            run.facts["tasks"],
+            run.output,
+            job_outputs(executor.executed)[-3000:],
+        )
+        executed = list(executor.executed)
+        described = {e.job_id: describe(batch.client, e.job_id) for e in executed}
+        return BatchRefresh(fan_out, run, database, executed, list(executor.submits), described)
 
 
 def normal(value: Any, run_id: str) -> Any:
@@ -73,6 +133,8 @@ def normal(value: Any, run_id: str) -> Any:
         return [normal(v, run_id) for v in value]
     if isinstance(value, str):
         return TABLE.sub("<table>", value.replace(run_id, "<run>"))
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
     return value
 
 
@@ -88,20 +150,9 @@ def xcoms(run, database: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fan_out", ["mapped", "array"])
 def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
-    fan_out: str,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-    golden_refresh,
-    executor,
-    pg_server: str,
-    monkeypatch,
+    batch_refresh: BatchRefresh, golden_refresh: Golden
 ):
-    # Each run its own database of one PostgreSQL with pgvector, as production has it:
-    # the worker's EMBEDFRESH_INDEX_DSN for the local run (the golden run's, made by
-    # tests/golden.py), the job definition's secret (the "image's" environment here) for
-    # the Batch run.
     local = golden_refresh.run
     assert local.facts["state"] == "success", local.output
     # Every job step of the local run ran on the local runner, none on Batch: each step's
@@ -111,37 +162,71 @@ def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
     assert {c["runner"] for c in costs} == {"local"}, costs
     want = xcoms(local, golden_refresh.database)
 
-    monkeypatch.delenv(INDEX_DSN_ENV, raising=False)
-    monkeypatch.setenv("EMBEDFRESH_EXECUTION_MODE", "aws_batch")
-    monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_QUEUE", QUEUE)
-    monkeypatch.setenv("EMBEDFRESH_BATCH_JOB_DEFINITION", SINGLE)
-    monkeypatch.setenv("EMBEDFRESH_BATCH_POLL_INTERVAL", "0.2")
-    monkeypatch.setenv("EMBEDFRESH_EMBED_FAN_OUT", fan_out)
-    database = f"{fan_out}_{uuid.uuid4().hex[:8]}"
-    executor.extra_env[INDEX_DSN_ENV] = fresh_database(pg_server, database)
-    run = run_dag(REFRESH, tmp_path, request)
-    assert run.facts["state"] == "success", (
-        run.facts["tasks"],
-        run.output,
-        job_outputs(executor)[-3000:],
-    )
-    names = " ".join(s["jobName"] for s in executor.submits)
+    run = batch_refresh.run
+    names = " ".join(s["jobName"] for s in batch_refresh.submits)
     assert [j for j in JOBS if f"embedfresh-{j}-" not in names] == [], names
-    got = xcoms(run, database)
-    if fan_out == "array":  # one array job per corpus: no shard list, one embed summary
+    got = xcoms(run, batch_refresh.database)
+    if batch_refresh.fan_out == "array":  # one array job per corpus: no shard list
         assert got.pop("list_shards") is None and want.pop("list_shards")
-        assert any(s.get("arrayProperties") for s in executor.submits)
+        assert any(s.get("arrayProperties") for s in batch_refresh.submits)
         embed = got.pop("embed")  # the whole corpus's, where a mapped one has its group's
         assert embed["rows"] == want["verify"]["rows"] == 600, embed
         got["embed"] = want["embed"]
-    assert got == want, (fan_out, differences(got, want))
+    assert got == want, (batch_refresh.fan_out, differences(got, want))
 
 
-def job_outputs(executor) -> str:
-    """Every job attempt's command, exit code and output tail (for a failure's message)."""
+@pytest.mark.slow
+def test_each_task_returns_the_record_its_own_batch_job_wrote(batch_refresh: BatchRefresh):
+    """Each Batch job that ran a task's step wrote that task instance's result record,
+    naming the job; the job printed exactly the record's summary, which is the task's
+    XCom; its cost record is Batch's own clock of its attempts. Nothing failed or ran
+    twice."""
+    run, executed = batch_refresh.run, batch_refresh.executed
+    results = run.artifacts / "runs" / "tiny" / run.facts["run_id"] / "results"
+    records = {p.stem: json.loads(p.read_text()) for p in results.glob("*.json")}
+    named = {}
+    for job in executed:
+        assert job.exit_code == 0, job_outputs([job])
+        assert batch_refresh.described[job.job_id]["status"] == "SUCCEEDED"
+        name = job.command[job.command.index("--result-name") + 1]
+        if job.array_index is not None:  # an array child's: its parent's, suffixed
+            name = child_result_name(name, job.array_index)
+        record = records[name]
+        assert record["execution"]["aws_batch_job_id"] == job.job_id, name
+        assert record["config"]["run_id"] == run.facts["run_id"], name
+        assert job.stdout.strip().splitlines()[-1] == json.dumps(record["summary"], sort_keys=True)
+        named[name] = record
+    assert len(named) == len(executed)  # each job its own record
+    # Every other record is an array embed's plan, which the operator runs on the worker.
+    on_worker = {n: r for n, r in records.items() if n not in named}
+    assert all(n.endswith("+plan") for n in on_worker), sorted(on_worker)
+    assert bool(on_worker) == (batch_refresh.fan_out == "array"), sorted(on_worker)
+    assert not [r for r in on_worker.values() if "aws_batch_job_id" in r["execution"]]
+    for task, value in run.facts["xcom"].items():
+        name = f"embedding_model_refresh:{task}"
+        if name in named:
+            assert named[name]["summary"] == value, task
+
+    folder = run.reports / "cost"
+    costs = [json.loads(p.read_text()) for p in sorted(folder.rglob("*.json"))]
+    for cost in costs:
+        assert cost["failed_attempts"] == 0 and cost["estimated_cost_usd"] > 0, cost
+        if cost["task"] in on_worker:  # an array embed's plan: the worker's clock
+            assert cost["runner"] == "local", cost
+            continue
+        # A task's: its record is the job's, or an array job's children's (NAME+i).
+        children = [n for n in named if n.startswith(f"{cost['task']}+")]
+        assert cost["runner"] == "aws_batch" and (cost["task"] in named or children), cost
+        for attempt in cost["attempts"]:
+            [batch] = batch_refresh.described[attempt["job_id"]]["attempts"]
+            assert attempt["seconds"] == (batch["stoppedAt"] - batch["startedAt"]) / 1000
+
+
+def job_outputs(executed: list[ExecutedJob]) -> str:
+    """Each job attempt's command, exit code and output tail (for a failure's message)."""
     return "\n".join(
         f"{e.command} -> {e.exit_code} {e.status_reason}\n{e.stdout[-1500:]}{e.stderr[-3000:]}"
-        for e in executor.executed
+        for e in executed
     )
 
 
