@@ -10,8 +10,8 @@ on Batch, with the embed mapped over shard groups and with the embed as one arra
 per corpus (a test each), and is compared with the local run: the session's golden run
 (tests/golden.py, the refresh tests/test_dags.py checks; made once, read here). Their
 XComs must be equal except what cannot be: timing, the run id (in versions and URLs),
-cache hits, where each ran, its artifact root and its database, and a float's last bits
-(a bootstrap quantile of the gate has differed by one ulp between two processes).
+cache hits, where each ran, its artifact root and its database; floats are equal to 1e-12
+relative (a bootstrap quantile of the gate has differed by one ulp between two processes).
 
 Each fan-out's Batch run is made once (the module's ``batch_refresh``) and read by two
 tests: the XComs against the local run's, and each task's result record, which under
@@ -22,6 +22,7 @@ Batch job (tests/test_runner_results.py: a record no job wrote is refused).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -133,8 +134,6 @@ def normal(value: Any, run_id: str) -> Any:
         return [normal(v, run_id) for v in value]
     if isinstance(value, str):
         return TABLE.sub("<table>", value.replace(run_id, "<run>"))
-    if isinstance(value, float):
-        return float(f"{value:.12g}")
     return value
 
 
@@ -172,51 +171,68 @@ def test_the_refresh_on_aws_batch_does_what_the_local_run_does(
         embed = got.pop("embed")  # the whole corpus's, where a mapped one has its group's
         assert embed["rows"] == want["verify"]["rows"] == 600, embed
         got["embed"] = want["embed"]
-    assert got == want, (batch_refresh.fan_out, differences(got, want))
+    assert differences(got, want) == [], batch_refresh.fan_out
+
+
+#: The refresh's tasks that run a job, each leaving its result record (tasks mapped over
+#: corpora or shard groups: one per map index).
+RECORDED = (
+    "health", "compile", "train", "evaluate", "gate", "embed", "verify", "load_index",
+    "search_check", "release",
+)  # fmt: skip
 
 
 @pytest.mark.slow
 def test_each_task_returns_the_record_its_own_batch_job_wrote(batch_refresh: BatchRefresh):
     """Each Batch job that ran a task's step wrote that task instance's result record,
     naming the job; the job printed exactly the record's summary, which is the task's
-    XCom; its cost record is Batch's own clock of its attempts. Nothing failed or ran
-    twice."""
+    XCom; the task's cost record is Batch's own clock of that job's attempts. Nothing
+    failed or ran twice."""
     run, executed = batch_refresh.run, batch_refresh.executed
     results = run.artifacts / "runs" / "tiny" / run.facts["run_id"] / "results"
     records = {p.stem: json.loads(p.read_text()) for p in results.glob("*.json")}
-    named = {}
+    named: dict[str, dict[str, Any]] = {}  # record name -> the record its job wrote
+    jobs_of: dict[str, set[str]] = {}  # a task's result name -> its Batch jobs
     for job in executed:
         assert job.exit_code == 0, job_outputs([job])
         assert batch_refresh.described[job.job_id]["status"] == "SUCCEEDED"
-        name = job.command[job.command.index("--result-name") + 1]
+        task = name = job.command[job.command.index("--result-name") + 1]
         if job.array_index is not None:  # an array child's: its parent's, suffixed
             name = child_result_name(name, job.array_index)
         record = records[name]
         assert record["execution"]["aws_batch_job_id"] == job.job_id, name
-        assert record["config"]["run_id"] == run.facts["run_id"], name
+        assert record["name"] == name and record["config"]["run_id"] == run.facts["run_id"]
         assert job.stdout.strip().splitlines()[-1] == json.dumps(record["summary"], sort_keys=True)
+        assert name not in named, f"{name}: written by two jobs"
         named[name] = record
-    assert len(named) == len(executed)  # each job its own record
+        jobs_of.setdefault(task, set()).add(job.job_id)
     # Every other record is an array embed's plan, which the operator runs on the worker.
     on_worker = {n: r for n, r in records.items() if n not in named}
     assert all(n.endswith("+plan") for n in on_worker), sorted(on_worker)
     assert bool(on_worker) == (batch_refresh.fan_out == "array"), sorted(on_worker)
     assert not [r for r in on_worker.values() if "aws_batch_job_id" in r["execution"]]
-    for task, value in run.facts["xcom"].items():
-        name = f"embedding_model_refresh:{task}"
-        if name in named:
-            assert named[name]["summary"] == value, task
 
-    folder = run.reports / "cost"
-    costs = [json.loads(p.read_text()) for p in sorted(folder.rglob("*.json"))]
-    for cost in costs:
-        assert cost["failed_attempts"] == 0 and cost["estimated_cost_usd"] > 0, cost
+    # Each task's XCom is its record's summary (a mapped task's: one of its instances').
+    for task in RECORDED:
+        mine = re.compile(rf"embedding_model_refresh:{task}(:\d+)?(\+\d+)?")
+        summaries = [r["summary"] for n, r in named.items() if mine.fullmatch(n)]
+        assert summaries, f"{task}: no record of it in {sorted(named)}"
+        if task == "embed" and batch_refresh.fan_out == "array":
+            continue  # the operator's sum over its children's records, compared above
+        assert run.facts["xcom"][task] in summaries, task
+
+    costs = {p.stem: json.loads(p.read_text()) for p in (run.reports / "cost").rglob("*.json")}
+    assert sorted(c["task"] for c in costs.values()) == sorted([*jobs_of, *on_worker])
+    for stem, cost in costs.items():
+        assert stem == cost["attempt_id"] and cost["failed_attempts"] == 0, cost
+        assert cost["estimated_cost_usd"] > 0, cost
         if cost["task"] in on_worker:  # an array embed's plan: the worker's clock
             assert cost["runner"] == "local", cost
             continue
-        # A task's: its record is the job's, or an array job's children's (NAME+i).
-        children = [n for n in named if n.startswith(f"{cost['task']}+")]
-        assert cost["runner"] == "aws_batch" and (cost["task"] in named or children), cost
+        assert cost["runner"] == "aws_batch", cost
+        # Batch's clock of exactly this task's jobs, one attempt each.
+        assert {a["job_id"] for a in cost["attempts"]} == jobs_of[cost["task"]], cost
+        assert len(cost["attempts"]) == len(jobs_of[cost["task"]]), cost
         for attempt in cost["attempts"]:
             [batch] = batch_refresh.described[attempt["job_id"]]["attempts"]
             assert attempt["seconds"] == (batch["stoppedAt"] - batch["startedAt"]) / 1000
@@ -231,11 +247,21 @@ def job_outputs(executed: list[ExecutedJob]) -> str:
 
 
 def differences(got: Any, want: Any, at: str = "") -> list[str]:
-    """Where two XCom trees differ, as ``path: got != want`` lines."""
+    """Where two XCom trees differ, as ``path: got != want`` lines; two floats differ
+    when they do beyond 1e-12 relative (the last bits of a bootstrap quantile of the
+    gate have differed between two processes)."""
     if isinstance(got, dict) and isinstance(want, dict):
         return [
             line
             for k in sorted(set(got) | set(want))
             for line in differences(got.get(k), want.get(k), f"{at}.{k}")
         ]
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [
+            line
+            for i, pair in enumerate(zip(got, want, strict=True))
+            for line in differences(*pair, f"{at}[{i}]")
+        ]
+    if isinstance(got, float) and isinstance(want, float):
+        return [] if math.isclose(got, want, rel_tol=1e-12) else [f"{at}: {got!r} != {want!r}"]
     return [] if got == want else [f"{at}: {got!r} != {want!r}"]
