@@ -218,7 +218,7 @@ def test_each_task_returns_the_record_its_own_batch_job_wrote(batch_refresh: Bat
         summaries = [r["summary"] for n, r in named.items() if mine.fullmatch(n)]
         assert summaries, f"{task}: no record of it in {sorted(named)}"
         if task == "embed" and batch_refresh.fan_out == "array":
-            continue  # the operator's sum over its children's records, compared above
+            continue  # the operator's sum over its children's; its rows are checked above
         assert run.facts["xcom"][task] in summaries, task
 
     costs = {p.stem: json.loads(p.read_text()) for p in (run.reports / "cost").rglob("*.json")}
@@ -246,6 +246,16 @@ def job_outputs(executed: list[ExecutedJob]) -> str:
     )
 
 
+class _Missing:
+    """A key one side of a comparison lacks: equal to nothing, ``None`` included."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
 def differences(got: Any, want: Any, at: str = "") -> list[str]:
     """Where two XCom trees differ, as ``path: got != want`` lines; two floats differ
     when they do beyond 1e-12 relative (the last bits of a bootstrap quantile of the
@@ -254,7 +264,7 @@ def differences(got: Any, want: Any, at: str = "") -> list[str]:
         return [
             line
             for k in sorted(set(got) | set(want))
-            for line in differences(got.get(k), want.get(k), f"{at}.{k}")
+            for line in differences(got.get(k, MISSING), want.get(k, MISSING), f"{at}.{k}")
         ]
     if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
         return [
