@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from embedfresh.core import layout
 from embedfresh.core.results import child_result_name
 from embedfresh.core.settings import INDEX_DSN_ENV
 from tests.batch_harness import (
@@ -189,7 +190,7 @@ def test_each_task_returns_the_record_its_own_batch_job_wrote(batch_refresh: Bat
     XCom; the task's cost record is Batch's own clock of that job's attempts. Nothing
     failed or ran twice."""
     run, executed = batch_refresh.run, batch_refresh.executed
-    results = run.artifacts / "runs" / "tiny" / run.facts["run_id"] / "results"
+    results = run.artifacts / layout.results("tiny", run.facts["run_id"])
     records = {p.stem: json.loads(p.read_text()) for p in results.glob("*.json")}
     named: dict[str, dict[str, Any]] = {}  # record name -> the record its job wrote
     jobs_of: dict[str, set[str]] = {}  # a task's result name -> its Batch jobs

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
+from embedfresh.core import layout
 from embedfresh.operators import AcceleratorHealthOperator
 from tests.batch_harness import PYTHON, LocalBatchExecutor, describe, moto_batch, settings
 
@@ -46,14 +47,14 @@ class OutletEvents(SimpleNamespace):
         self.__dict__.setdefault("added", []).append((asset, extra))
 
 
-def context(task_id: str, map_index: int = -1) -> dict[str, Any]:
+def context(task_id: str) -> dict[str, Any]:
     """What Airflow gives ``execute``, as far as these operators read it."""
-    ti = SimpleNamespace(dag_id=DAG_ID, task_id=task_id, map_index=map_index)
+    ti = SimpleNamespace(dag_id=DAG_ID, task_id=task_id, map_index=-1)
     return {"ti": ti, "outlet_events": defaultdict(OutletEvents)}
 
 
 def record_path(store: Path, key: str) -> Path:
-    return store / f"runs/tiny/{RUN_ID}/results/{DAG_ID}:{key}.json"
+    return store / layout.result("tiny", RUN_ID, f"{DAG_ID}:{key}")
 
 
 @pytest.mark.parametrize("executor_on", [True, False], ids=["executor-on", "executor-off"])
