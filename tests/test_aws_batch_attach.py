@@ -77,6 +77,23 @@ def release(slow_python: str) -> None:
     (Path(slow_python).parent / "hold").unlink()
 
 
+def released_once_attached(
+    op: AcceleratorHealthOperator, slow_python: str
+) -> AcceleratorHealthOperator:
+    """``op`` whose runner releases the held job right after it looked for it: released
+    before, the job could end first on a loaded box, and a job that ended is never
+    attached to (a second one is submitted, by design)."""
+    attach = op.runner.attach
+
+    def attached(*args: Any, **kwargs: Any) -> Any:
+        spec = attach(*args, **kwargs)
+        release(slow_python)
+        return spec
+
+    op.runner.attach = attached
+    return op
+
+
 def first_try_submits_and_dies(op: AcceleratorHealthOperator, state: StateStore | None) -> str:
     """What a worker does before it is lost: attach (nothing yet), submit, record."""
     spec = op.build_job_spec(op.result_ticket({}))
@@ -97,8 +114,7 @@ def test_a_retry_attaches_to_the_running_job_and_reads_its_record(
     else:
         assert state[STATE_KEY]["job_id"] == job_id
 
-    retry = health(root, slow_python)
-    release(slow_python)
+    retry = released_once_attached(health(root, slow_python), slow_python)
     summary = retry.execute({"task_state_store": state})
     task_log = capfd.readouterr().out
 
@@ -209,8 +225,8 @@ def test_every_aws_call_the_runner_makes_is_in_the_readmes_iam_list(
     root = f"file://{tmp_path / 'store'}"
     job_id = first_try_submits_and_dies(health(root, slow_python), None)
     executor.wait_for(job_id, "RUNNING")
-    release(slow_python)
-    health(root, slow_python).execute({"task_state_store": StateStore()})
+    retry = released_once_attached(health(root, slow_python), slow_python)
+    retry.execute({"task_state_store": StateStore()})
     killed = health(root, slow_python)
     killed.runner.job_id = job_id
     killed.on_kill()
