@@ -91,6 +91,7 @@ def step_tensors(root: str, name: str, steps: int) -> dict[str, float]:
 
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.data.reader import read_train
+    from embedfresh.ml.data.schema import DEMO_FEATURES
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.relevance import in_batch_contrastive
     from embedfresh.ml.model.tokenizer import TextTokenizer
@@ -102,7 +103,7 @@ def step_tensors(root: str, name: str, steps: int) -> dict[str, float]:
     spec = version.spec
     tokenizer = TextTokenizer(version.tokenizer_json, spec.max_length, spec.prompts)
     data = TrainingSet.build(
-        read_train(store, "products", DAY, DAY + dt.timedelta(days=1)), tokenizer
+        read_train(store, "products", DAY, DAY + dt.timedelta(days=1), DEMO_FEATURES), tokenizer
     )
     batch_size = spec.default_batch_size
     per_epoch = len(data.labels) // batch_size

@@ -107,6 +107,7 @@ def build_trainer(
     from embedfresh.ml.backends import get_backend
     from embedfresh.ml.checkpoint import CheckpointManager
     from embedfresh.ml.data.reader import read_train
+    from embedfresh.ml.data.schema import DEMO_FEATURES
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec, tokenizer_file
     from embedfresh.ml.model.tokenizer import TextTokenizer
@@ -125,7 +126,7 @@ def build_trainer(
     store = ArtifactStore(root)
     spec = get_spec(model_name)
     backend = get_backend(backend_name)
-    examples = read_train(store, cfg.dataset, DAY, cfg.interval_end)
+    examples = read_train(store, cfg.dataset, DAY, cfg.interval_end, DEMO_FEATURES)
     batch_size = batch_size or spec.default_batch_size
     if len(examples) < batch_size:
         raise SystemExit(f"{len(examples)} training rows do not fill one batch of {batch_size}")

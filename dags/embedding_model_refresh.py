@@ -110,6 +110,7 @@ from embedfresh.operators.params import (
     INDEX_ARGS,
     common_params,
     corpora_param,
+    dataset_param,
     day_param,
     drop_corpora_param,
     gate_metrics_param,
@@ -124,13 +125,16 @@ CAP = "{{ params.judged_queries or '' }}"
 APPROVAL = approval_timeout()
 # The candidate: the version the run's train job published (named after the run).
 CANDIDATE = "{{ run_id }}"
+# The data set the jobs train on and are judged by.
+DATASET = "{{ params.dataset }}"
+JUDGED_ON = {"job_settings": {"dataset": DATASET}}
 # What the compile trial and the training share, so the trial traces the same graphs.
 TRAINING = {
     **COMMON_JOB_ARGS,
     **DAY_ARG,
     "epochs": "{{ params.epochs }}",
     "nproc_per_node": "{{ params.nproc }}",
-    "job_settings": {"parallelism": "{{ params.parallelism }}"},
+    "job_settings": {"parallelism": "{{ params.parallelism }}", "dataset": DATASET},
 }
 
 with DAG(
@@ -160,6 +164,7 @@ with DAG(
             "fsdp (sharded over every rank; needs nproc >= 2 or several nodes), hsdp "
             "(sharded within a node, replicated across nodes)",
         ),
+        "dataset": dataset_param(),
         "gate_metrics": gate_metrics_param(),
         "judged_queries": Param(
             None,
@@ -181,6 +186,7 @@ with DAG(
         task_id="wait_for_partition",
         artifact_root="{{ params.artifact_root }}",
         model="{{ params.model }}",
+        dataset=DATASET,
         **DAY_ARG,
     )
     # The first job also checks the run's inputs: a model nobody published, or a corpus
@@ -205,11 +211,16 @@ with DAG(
         retry_exponential_backoff=2.0,
     )
     evaluate = EvaluationOperator(
-        task_id="evaluate", **COMMON_JOB_ARGS, **task_resources("evaluate"), max_queries=CAP
+        task_id="evaluate",
+        **COMMON_JOB_ARGS,
+        **JUDGED_ON,
+        **task_resources("evaluate"),
+        max_queries=CAP,
     )
     gate = QualityGateOperator(
         task_id="gate",
         **COMMON_JOB_ARGS,
+        **JUDGED_ON,
         **task_resources("gate"),
         metrics="{{ params.gate_metrics | tojson }}",
         max_queries=CAP,
@@ -235,13 +246,18 @@ with DAG(
             corpora=corpora.output,
         )
         embed = ShardEmbeddingOperator.partial(
-            task_id="embed", **COMMON_JOB_ARGS, **task_resources("embed"), version=CANDIDATE
+            task_id="embed",
+            **COMMON_JOB_ARGS,
+            **JUDGED_ON,
+            **task_resources("embed"),
+            version=CANDIDATE,
         ).expand_kwargs(list_shards.output)
         corpora >> list_shards >> embed
     else:  # one AWS Batch array job per corpus
         embed = BatchArrayEmbeddingOperator.partial(
             task_id="embed",
             **COMMON_JOB_ARGS,
+            **JUDGED_ON,
             **task_resources("embed", "aws_batch"),
             version=CANDIDATE,
             max_children=embed_max_children(),
@@ -256,6 +272,7 @@ with DAG(
     search_check = SearchCheckOperator.partial(
         task_id="search_check",
         **COMMON_JOB_ARGS,
+        **JUDGED_ON,
         **INDEX_ARGS,
         **task_resources("search_check"),
         gate="gate",

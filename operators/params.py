@@ -139,6 +139,18 @@ def model_param() -> Param:
     )
 
 
+def dataset_param() -> Param:
+    """The data set a run trains and is judged on (``datasets/<name>/``): its training
+    partitions, eval split and judgments (docs/DATA.md)."""
+    return Param(
+        "products",
+        type="string",
+        pattern=r"^[A-Za-z0-9._:+=-]{1,200}$",
+        description="Data set trained on and judged by (datasets/<name>/): training "
+        "partitions, judgments, eval split (docs/DATA.md)",
+    )
+
+
 def corpora_param() -> Param:
     """The corpora a release carries: each is embedded with the candidate, loaded into the
     vector index and search-checked before the release goes live."""

@@ -218,6 +218,7 @@ def test_refresh_dag_wiring_retries_and_demo_defaults(tmp_path: Path):
         "epochs": 3,
         "nproc": 1,
         "parallelism": "ddp",
+        "dataset": "products",
         "gate_metrics": ["ndcg_at_10"],
         "judged_queries": None,
         "corpora": ["products"],

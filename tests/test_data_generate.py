@@ -21,7 +21,7 @@ from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs import generate_data
 from embedfresh.ml.data import generate
-from embedfresh.ml.data.schema import CORPUS_SCHEMA, EXAMPLE_SCHEMA, product_text
+from embedfresh.ml.data.schema import CORPUS_SCHEMA, demo_pair_schema
 
 DAY = dt.date(2026, 1, 1)
 BUDGET = re.compile(r"\b(cheap|budget|affordable|inexpensive)\b|under \$")
@@ -56,7 +56,10 @@ def _categories_from_text(texts: list[str]) -> np.ndarray:
 def big() -> dict[str, np.ndarray]:
     table = generate.generate_partition(3, DAY, 24_000)
     queries = table.column("query").to_pylist()
-    titles = table.column("product_title").to_pylist()
+    cat = generate._catalogue(3)  # each pair's title: its product's in the catalogue
+    at = np.searchsorted(cat.ids, table.column("doc_id").to_numpy())
+    assert (cat.ids[at] == table.column("doc_id").to_numpy()).all()
+    titles = np.array(cat.titles.to_pylist(), dtype=object)[at].tolist()
     return {
         "query": np.array(queries, dtype=object),
         "title": np.array(titles, dtype=object),
@@ -87,9 +90,9 @@ def test_partition_bytes_are_reproducible_and_vary_by_day_and_seed() -> None:
 def test_partition_has_exact_rows_and_schema(rows: int) -> None:
     table = generate.generate_partition(0, DAY, rows)
     assert table.num_rows == rows
-    assert table.schema.equals(EXAMPLE_SCHEMA)
+    assert table.schema.equals(demo_pair_schema())
     back = pq.read_table(io.BytesIO(generate.parquet_bytes(table)))
-    assert back.schema.equals(EXAMPLE_SCHEMA)
+    assert back.schema.equals(demo_pair_schema())
     assert back.equals(table)
 
 
@@ -104,13 +107,13 @@ def test_features_are_in_their_documented_ranges() -> None:
     assert set(np.unique(col["in_stock"])) <= {0.0, 1.0}
     assert set(np.unique(col["label"])) == {0, 1}
     # No product is offered twice for the same query.
-    pairs = col["query_id"].astype(object) * 10**9 + col["product_id"]
+    pairs = col["query_id"].astype(object) * 10**9 + col["doc_id"]
     assert len(set(pairs)) == len(pairs)
 
 
 def test_eval_is_fixed_and_disjoint_from_train() -> None:
     first = generate.generate_eval(0, 3000)
-    assert first.schema.equals(EXAMPLE_SCHEMA)
+    assert first.schema.equals(demo_pair_schema())
     assert first.num_rows == 3000
     assert generate.parquet_bytes(first) == generate.parquet_bytes(generate.generate_eval(0, 3000))
     eval_ids = set(first.column("query_id").to_pylist())
@@ -230,14 +233,13 @@ def test_corpus_rows_ids_and_batching() -> None:
     assert len(set(whole.column("text").to_pylist())) > 0.5 * rows
 
 
-def test_corpus_text_is_the_product_text_of_the_catalogue() -> None:
+def test_a_pair_carries_its_corpus_text() -> None:
     corpus = generate.generate_corpus(0, generate.CATALOGUE_SIZE)
     ids, texts = corpus.column("id").to_pylist(), corpus.column("text").to_pylist()
     text_by_id = dict(zip(ids, texts, strict=True))
     train = generate.generate_partition(0, DAY, 500).to_pylist()
     for row in train:
-        expected = product_text(row["product_title"], row["product_description"])
-        assert text_by_id[row["product_id"]] == expected
+        assert text_by_id[row["doc_id"]] == row["doc_text"]
 
 
 # -- writing -------------------------------------------------------------------------

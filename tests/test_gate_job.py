@@ -34,7 +34,7 @@ from embedfresh.jobs.gate import run_gate
 from embedfresh.jobs.release import release
 from embedfresh.ml.checkpoint import cpu_state_dict
 from embedfresh.ml.data.generate import write_dataset
-from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
+from embedfresh.ml.data.schema import demo_pair_schema
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import get_spec
 from tests.conftest import DAY1, run_job
@@ -190,7 +190,7 @@ def _degrade(store: ArtifactStore) -> dict:
 
     version = versions.load(store, MODEL, "cand")
     model = versions.instantiate(version)
-    examples = read_eval(store, "large")
+    examples = read_eval(store, "large", version.spec.features)
     tokenizer = TextTokenizer(version.tokenizer_json, version.spec.max_length)
     captured: list[torch.Tensor] = []
     hook = model.head.register_forward_hook(lambda m, args, out: captured.append(args[0]))
@@ -552,7 +552,7 @@ def test_zero_eval_rows_is_bad_input(root: str):
     publish_base_weights(store, "z")
 
     # An eval split without rows: the evaluate job refuses it.
-    empty = EXAMPLE_SCHEMA.empty_table()
+    empty = demo_pair_schema().empty_table()
     buf = pa.BufferOutputStream()
     pq.write_table(empty, buf)
     store.write_bytes(

@@ -438,7 +438,7 @@ def test_export_names_the_special_tokens_of_a_unigram_tokenizer() -> None:
         base_weights="published",
         max_length=32,
         head_hidden=8,
-        num_features=3,
+        features=(("price", "log1p"), ("rating", "div5"), ("discount", "identity")),
         default_batch_size=4,
         encoder_learning_rate=1e-4,
         head_learning_rate=1e-3,

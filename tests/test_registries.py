@@ -197,7 +197,7 @@ def test_a_registered_scheme_carries_data_markers_and_the_registry(memory_root):
 
     # A generated data set: Parquet written through the scheme, read back by the reader.
     write_dataset(store, "products", 0, DAY1, 1, 64, 48, "products", 30, 30)
-    assert len(read_eval(store, "products")) == 48
+    assert len(read_eval(store, "products", {})) == 48
     part = f"{layout.eval_split('products')}/part-00000.parquet"
     assert read_parquet(store, part).num_rows == 48
     assert memory.cat_file(store.path(part)) == store.read_bytes(part)

@@ -86,7 +86,7 @@ def world(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     path = tmp_path_factory.mktemp("release-world") / "store"
     shutil.copytree(data_template, path)
     store = ArtifactStore(f"file://{path}")
-    examples = read_eval(store, "products")
+    examples = read_eval(store, "products", {})
     ids, first = np.unique(examples.product_ids, return_index=True)
     texts = [examples.products[i] for i in first]
     half = len(ids) // 2

@@ -49,6 +49,11 @@ def eval_split(dataset: str) -> str:
     return f"datasets/{safe_id(dataset, 'dataset')}/eval"
 
 
+def dataset_declaration(dataset: str) -> str:
+    """A data set's own declaration: the features its pairs carry (docs/DATA.md)."""
+    return f"datasets/{safe_id(dataset, 'dataset')}/dataset.json"
+
+
 def judgments(dataset: str) -> str:
     """The graded judgments of a data set's eval split (docs/DATA.md)."""
     return f"datasets/{safe_id(dataset, 'dataset')}/judgments"

@@ -345,6 +345,8 @@ def untrained_head(store: ArtifactStore, model: str, version: str, source: str) 
             f"{version} was published from {meta.get('source')} by publish_model with a "
             "seeded random relevance head that no training run has trained"
         )
+    if meta.get("head_trained") is False:
+        return f"{version} was trained on positive pairs only, which train no relevance head"
     return None
 
 

@@ -231,10 +231,12 @@ def _first_look(store: ArtifactStore, cfg: SearchCheckConfig) -> int:
 def _eval_texts(store: ArtifactStore, cfg: SearchCheckConfig) -> list[str]:
     """Queries to probe the index's faithfulness with when nothing is judged: the eval
     split's (distinct texts), when there is one."""
+    from embedfresh.ml.data.judgments import corpus_of
     from embedfresh.ml.data.reader import read_eval
 
     try:
-        return list(dict.fromkeys(read_eval(store, cfg.dataset).queries))[: cfg.queries]
+        pairs = read_eval(store, cfg.dataset, {}, corpus_of(store, cfg.dataset, None))
+        return list(dict.fromkeys(pairs.queries))[: cfg.queries]
     except BadInputError:
         raise BadInputError(
             f"neither judgments nor an eval split in data set {cfg.dataset!r}: the search "

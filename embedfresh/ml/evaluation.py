@@ -45,8 +45,8 @@ from embedfresh.core.shards import (
 )
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
-from embedfresh.ml.data.judgments import Judgments, read_judgments
-from embedfresh.ml.data.reader import Examples, read_eval
+from embedfresh.ml.data.judgments import Judgments, corpus_of, read_judgments
+from embedfresh.ml.data.reader import Examples, has_eval, read_eval
 from embedfresh.ml.embedding.query import (
     ReleaseEncoder,
     TextEncoder,
@@ -68,35 +68,37 @@ log = logging.getLogger("embedfresh.ml.evaluation")
 HEAD_METRICS = ("accuracy", "auc", "log_loss")
 """The relevance head's metrics: meaningless for a version whose head never trained."""
 METRICS = HEAD_METRICS + RANKING_METRICS
-DEFAULT_CORPUS = "products"
 # Queries ranked at once: bounds the similarity matrix to this many x the corpus.
 _QUERY_CHUNK = 512
 
 
 @dataclass(frozen=True)
 class Pairs:
-    """The eval split's pairs, tokenised once for the relevance head."""
+    """The eval split's pairs, tokenised once for the relevance head; empty when the data
+    set has none (a team's judgments alone: the head's metrics are not measured)."""
 
-    examples: Examples
-    queries: Tokenized
-    products: Tokenized
+    examples: Examples | None
+    queries: Tokenized | None
+    products: Tokenized | None
 
     @classmethod
-    def load(cls, store: ArtifactStore, dataset: str, tokenizer: TextTokenizer) -> Pairs:
-        examples = read_eval(store, dataset)
+    def load(
+        cls,
+        store: ArtifactStore,
+        dataset: str,
+        tokenizer: TextTokenizer,
+        features: tuple[tuple[str, str], ...],
+    ) -> Pairs:
+        if not has_eval(store, dataset):
+            log.info("data set %s has no eval split: the relevance head is not measured", dataset)
+            return cls(None, None, None)
+        examples = read_eval(store, dataset, features, corpus_of(store, dataset, None))
         return cls(
             examples, tokenizer.query(examples.queries), tokenizer.document(examples.products)
         )
 
-
-def corpus_of(store: ArtifactStore, dataset: str, corpus: str | None) -> str:
-    """The corpus a data set's judged queries search: ``corpus``, else the one its
-    judgments name, else :data:`DEFAULT_CORPUS`."""
-    if corpus:
-        return corpus
-    spec = f"{layout.judgments(dataset)}/judgments.json"
-    named = store.read_json(spec).get("corpus") if store.exists(spec) else None
-    return named or DEFAULT_CORPUS
+    def __len__(self) -> int:
+        return 0 if self.examples is None else len(self.examples)
 
 
 class Searcher:
@@ -180,13 +182,17 @@ def head_outcomes(
     batch_size: int,
     progress: Progress | None = None,
 ) -> dict[str, np.ndarray]:
-    """The relevance head's probability of every eval pair, with its label and ids."""
+    """The relevance head's probability of every eval pair, with its label (relevant:
+    label 1 or grade 2-3) and ids; no rows without an eval split."""
     ex = pairs.examples
+    if ex is None:
+        empty = np.empty(0, np.int64)
+        return {"query_id": empty, "product_id": empty, "label": empty, "prob": np.empty(0)}
     probs = score(model, backend, pairs.queries, pairs.products, ex.features, batch_size, progress)
     return {
         "query_id": ex.query_ids,
         "product_id": ex.product_ids,
-        "label": ex.labels.astype(np.int64),
+        "label": (ex.labels >= 0.5).astype(np.int64),
         "prob": probs,
     }
 
@@ -194,7 +200,9 @@ def head_outcomes(
 def metrics_of(examples: dict[str, np.ndarray], queries: dict[str, np.ndarray]) -> dict[str, float]:
     """Every metric of :data:`METRICS` (and ``judged_at_10`` where measured) on the
     outcome tables."""
-    out = {name: round(metric_value(name, examples), 6) for name in HEAD_METRICS}
+    measured = len(examples["label"]) > 0  # no eval split: the head is not measured
+    out = {name: round(metric_value(name, examples), 6) if measured else None
+           for name in HEAD_METRICS}  # fmt: skip
     out.update({name: round(metric_value(name, queries), 6) for name in RANKING_METRICS})
     if "judged_at_10" in queries:
         out["judged_at_10"] = round(float(np.mean(queries["judged_at_10"])), 6)
@@ -226,7 +234,7 @@ def evaluate_model(
     n = len(searcher.judgments) if queries is None else min(queries, len(searcher.judgments))
     counter = None
     if progress is not None:
-        total = len(pairs.examples) + len(searcher.texts) + n
+        total = len(pairs) + len(searcher.texts) + n
         counter = Progress(progress, total, unit="texts", log=log)
     examples = head_outcomes(model, backend, pairs, batch_size, counter)
     if docs is None:
@@ -286,7 +294,7 @@ class VersionEval:
         version = versions.load(store, cfg.model, cfg.target_version)
         spec = version.spec
         tokenizer = TextTokenizer(version.tokenizer_json, spec.max_length, spec.prompts)
-        pairs = Pairs.load(store, cfg.dataset, tokenizer)  # the eval split, checked first
+        pairs = Pairs.load(store, cfg.dataset, tokenizer, spec.features)  # checked first
         if searcher is None or searcher.corpus != corpus_of(store, cfg.dataset, cfg.corpus):
             searcher = Searcher.load(store, cfg.dataset, cfg.corpus)
         max_length = spec.check_embedding_length(cfg.max_length or spec.embedding_max_length)
@@ -424,7 +432,7 @@ def evaluate_version(
     log.info(
         "evaluating %s version %s on %s: %d pairs; %d of %d judged queries against corpus "
         "%s (%d documents, judgments %s)",
-        cfg.model, cfg.target_version, cfg.dataset, len(ev.pairs.examples), n, len(j),
+        cfg.model, cfg.target_version, cfg.dataset, len(ev.pairs), n, len(j),
         ev.searcher.corpus, len(ev.searcher.ids), "complete" if j.complete else "condensed",
     )  # fmt: skip
     what = f"evaluating {cfg.model} {cfg.target_version}"
@@ -438,7 +446,7 @@ def evaluate_version(
         "version_url": ev.version.url,
         "dataset": cfg.dataset,
         "metrics": metrics,
-        "n_examples": len(ev.pairs.examples),
+        "n_examples": len(ev.pairs),
         "n_queries": n,
         "search": ev.describe(),
         "outcomes": outcomes,

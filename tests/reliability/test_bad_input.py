@@ -34,7 +34,7 @@ from embedfresh.core.exit_codes import BadInputError, ExitCode
 from embedfresh.core.registry import Registry
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.core.storage.local import STAGING
-from embedfresh.ml.data.schema import EXAMPLE_SCHEMA
+from embedfresh.ml.data.schema import demo_pair_schema
 from tests.conftest import ROOT, job_env, run_job
 from tests.releasing import bare_release
 
@@ -156,7 +156,7 @@ def _not_parquet(root: str) -> None:
 
 
 def _empty(root: str) -> None:
-    pq.write_table(EXAMPLE_SCHEMA.empty_table(), _part(root))
+    pq.write_table(demo_pair_schema().empty_table(), _part(root))
 
 
 def _misnamed_partitions(root: str, *names: str) -> None:
@@ -187,7 +187,11 @@ CASES = {
     "label-as-string": (
         [START],
         lambda r: _rewrite(r, _label_as_words),
-        ["wrong schema", "dt=2026-01-01/part-00000.parquet", "label is string, expected int8"],
+        [
+            "wrong schema",
+            "dt=2026-01-01/part-00000.parquet",
+            "column label is string, expected an integer",
+        ],
     ),
     "label-out-of-range": (
         [START],
@@ -274,23 +278,23 @@ def test_train_bad_input(root, case):
     assert_nothing_published(root, before)
 
 
-# -- duplicate rows: (query_id, product_id) identifies a row -------------------------------
+# -- duplicate rows: (query_id, doc_id) identifies a row -----------------------------------
 
 
 def _copy_row(target: Path, row: int, source: Path, source_row: int) -> tuple[int, int]:
     """Overwrite row ``row`` of ``target`` with row ``source_row`` of ``source`` (a row
-    exported twice); returns the copied (query_id, product_id)."""
+    exported twice); returns the copied (query_id, doc_id)."""
     table, copied = pq.read_table(target), pq.read_table(source).slice(source_row, 1)
     rows = table.to_pylist()
     rows[row] = copied.to_pylist()[0]
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), target)
-    return copied.column("query_id")[0].as_py(), copied.column("product_id")[0].as_py()
+    return copied.column("query_id")[0].as_py(), copied.column("doc_id")[0].as_py()
 
 
 def test_train_duplicate_row_across_two_days(root):
     """Day 2 holds a row of day 1: the interval of both days is refused, naming the key,
     the repeat (file, row) and the row it repeats."""
-    query_id, product_id = _copy_row(_part(root, "2026-01-02"), 7, _part(root), 3)
+    query_id, doc_id = _copy_row(_part(root, "2026-01-02"), 7, _part(root), 3)
     before = snapshot(_dir(root))
     result = run_job(
         "train", f"artifact_root={root}", f"run_id={RUN}", START, "data_interval_end=2026-01-03"
@@ -299,12 +303,12 @@ def test_train_duplicate_row_across_two_days(root):
         result,
         "train",
         "duplicate training row",
-        f"(query_id={query_id}, product_id={product_id})",
+        f"(query_id={query_id}, doc_id={doc_id})",
         "at row 7 of file://",
         "dt=2026-01-02/part-00000.parquet repeats row 3 of file://",
         "dt=2026-01-01/part-00000.parquet",
         "(1 duplicate rows in all)",
-        "identified by (query_id, product_id)",
+        "identified by (query_id, doc_id)",
     )
     assert_nothing_published(root, before)
 
@@ -313,14 +317,14 @@ def test_evaluate_duplicate_eval_row(root):
     """The eval split follows the same rule: a pair twice would be counted twice by the
     metrics (and a ranking would list the product twice)."""
     (part,) = (_dir(root) / "datasets/products/eval").rglob("*.parquet")
-    query_id, product_id = _copy_row(part, 20, part, 11)
+    query_id, doc_id = _copy_row(part, 20, part, 11)
     before = snapshot(_dir(root))
     result = run_job("evaluate", f"artifact_root={root}", f"run_id={RUN}", f"version={PROD}")
     assert_one_line_error(
         result,
         "evaluate",
         "duplicate eval row",
-        f"(query_id={query_id}, product_id={product_id})",
+        f"(query_id={query_id}, doc_id={doc_id})",
         "at row 20 of file://",
         "datasets/products/eval/part-00000.parquet repeats row 11 of",
         "counted twice by the metrics",

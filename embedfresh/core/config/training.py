@@ -24,6 +24,14 @@ class TrainConfig(JobConfig):
 
     dataset: str = "products"
     """Data set name: trains on ``datasets/{dataset}/train/dt=YYYY-MM-DD/``."""
+    features: list[tuple[str, Literal["identity", "log1p", "div5"]]] | None = None
+    """The numeric columns the relevance head takes beside the texts, as ``[column,
+    transform]`` pairs in input order (docs/DATA.md "Training data"); None: what the data
+    set declares in its ``dataset.json``, or none (text-only). ``[]``: text-only. Any
+    other column of the data is refused."""
+    max_missing_documents: int = Field(default=0, ge=0)
+    """Training rows whose ``doc_id`` the corpus lacks (and that carry no ``doc_text``)
+    left out, counted in the report; more are refused (exit 2)."""
     data_interval_start: dt.date | None = None
     """First day of data (inclusive); None: the newest training partition in the store,
     read when the job starts (:meth:`with_day`)."""

@@ -84,7 +84,8 @@ def key_parts(
         world_size = launch_world_size()
     if parallelism is None:
         parallelism = cfg.parallelism
-    spec, _ = versions.resolve_model(ArtifactStore(cfg.artifact_root), cfg.model)
+    store = ArtifactStore(cfg.artifact_root)
+    spec, _ = versions.training_spec(store, cfg.model, cfg.dataset, cfg.features)
     return {
         "model": cfg.model,
         "model_fingerprint": spec.fingerprint(),

@@ -59,9 +59,10 @@ from embedfresh.ml.data.catalogue import (
 from embedfresh.ml.data.judgments import write_spec
 from embedfresh.ml.data.schema import (
     CORPUS_SCHEMA,
-    EXAMPLE_SCHEMA,
-    FEATURE_NAMES,
+    DEMO_FEATURES,
+    DOC_TEXT,
     JUDGMENTS_SCHEMA,
+    demo_pair_schema,
 )
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class _Products:
         return len(self.category)
 
     def features(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in FEATURE_NAMES}
+        return {name: getattr(self, name) for name, _ in DEMO_FEATURES}
 
 
 def _make_products(rng: np.random.Generator, n: int) -> _Products:
@@ -346,7 +347,8 @@ def _render_descriptions(p: _Products) -> pa.Array:
 
 
 def _texts(titles: pa.Array, descriptions: pa.Array) -> pa.Array:
-    """Vectorised :func:`embedfresh.ml.data.schema.product_text` (the title alone when no description)."""
+    """A product's text as the encoder sees it: ``{title}. {description}``, the title
+    alone when there is no description (the corpus ``text`` and the pairs' ``doc_text``)."""
     joined = pc.binary_join_element_wise(titles, descriptions, ". ")
     return pc.if_else(pc.equal(descriptions, ""), titles, joined)
 
@@ -545,7 +547,7 @@ def _without_repeats(
     """Replace a product shown twice for one query by an easy negative.
 
     Small attribute groups make repeats likely, and a ranking metric over a list that
-    holds one product twice is meaningless; the reader refuses a (query_id, product_id)
+    holds one product twice is meaningless; the reader refuses a (query_id, doc_id)
     pair that occurs twice (:data:`embedfresh.ml.data.reader.ROW_KEY`). Two rounds are
     the most measured (200,000 rows a day, five seeds); the bound only stops a bug.
     """
@@ -638,13 +640,15 @@ def _examples(
     columns: dict[str, Any] = {
         "query_id": pa.array(query_id_base + qi, pa.int64()),
         "query": pc.take(texts, pa.array(qi)),
-        "product_id": pa.array(cat.ids[pi], pa.int64()),
-        "product_title": pc.take(cat.titles, product_index),
-        "product_description": pc.take(cat.descriptions, product_index),
+        "doc_id": pa.array(cat.ids[pi], pa.int64()),
+        DOC_TEXT: _texts(
+            pc.take(cat.titles, product_index), pc.take(cat.descriptions, product_index)
+        ),
         **{k: pa.array(v.astype(np.float32)) for k, v in products.features().items()},
         "label": pa.array(label),
     }
-    table = pa.Table.from_arrays([columns[f.name] for f in EXAMPLE_SCHEMA], schema=EXAMPLE_SCHEMA)
+    schema = demo_pair_schema()
+    table = pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
     return _Examples(table, probability, _sigmoid(logit), products.category == queries.category[qi])
 
 
@@ -671,7 +675,8 @@ def _eval_examples(seed: int, rows: int) -> _Examples:
 
 
 def generate_partition(seed: int, day: dt.date, rows: int) -> pa.Table:
-    """The training examples of ``day``: exactly ``rows`` rows of EXAMPLE_SCHEMA."""
+    """The training examples of ``day``: exactly ``rows`` rows of the demo's pairs
+    (:func:`~embedfresh.ml.data.schema.demo_pair_schema`)."""
     return _train_examples(seed, day, rows).table
 
 
@@ -760,7 +765,7 @@ def sparse_judgments(seed: int, eval_rows: int) -> pa.Table:
         {
             "query_id": t.column("query_id"),
             "query": t.column("query"),
-            "doc_id": t.column("product_id"),
+            "doc_id": t.column("doc_id"),
             "grade": pa.array(grade, pa.int8()),
         },
         schema=JUDGMENTS_SCHEMA,
@@ -947,6 +952,9 @@ def write_dataset(
     if judgments not in ("complete", "sparse"):
         raise BadInputError(f"judgments must be complete or sparse, got {judgments!r}")
 
+    # The demo's features, declared for the runs that train on it (docs/DATA.md).
+    declaration = {"features": [list(pair) for pair in DEMO_FEATURES]}
+    store.write_json(layout.dataset_declaration(name), declaration)
     train = []
     positives = 0
     for offset in range(days):

@@ -28,11 +28,12 @@ from embedfresh.core import layout
 from embedfresh.core.exit_codes import BadInputError
 from embedfresh.core.parquet import read_parquet
 from embedfresh.core.storage import ArtifactStore
+from embedfresh.ml.data.schema import MAX_GRADE
 
 log = logging.getLogger(__name__)
 
 SPEC = "judgments.json"
-MAX_GRADE = 3
+DEFAULT_CORPUS = "products"
 COLUMNS = ("query_id", "query", "doc_id", "grade")
 
 
@@ -348,3 +349,13 @@ def write_spec(store: ArtifactStore, dataset: str, complete: bool, corpus: str) 
     store.write_json(
         f"{layout.judgments(dataset)}/{SPEC}", {"complete": complete, "corpus": corpus}
     )
+
+
+def corpus_of(store: ArtifactStore, dataset: str, corpus: str | None) -> str:
+    """The corpus a data set's judged queries search: ``corpus``, else the one its
+    judgments name, else :data:`DEFAULT_CORPUS`."""
+    if corpus:
+        return corpus
+    spec = f"{layout.judgments(dataset)}/judgments.json"
+    named = store.read_json(spec).get("corpus") if store.exists(spec) else None
+    return named or DEFAULT_CORPUS

@@ -70,7 +70,7 @@ def recall_at_k(
 def retrieval_sets(
     examples: Examples,
 ) -> tuple[np.ndarray, list[str], np.ndarray, list[str], list[np.ndarray]]:
-    """Unique queries with at least one relevant (label 1) product, the product pool,
+    """Unique queries with at least one relevant (label 1, grade 2-3) product, the product pool,
     and the positions in the pool of each query's relevant products."""
     product_ids, first = np.unique(examples.product_ids, return_index=True)
     product_texts = [examples.products[i] for i in first]
@@ -81,7 +81,7 @@ def retrieval_sets(
         examples.query_ids, examples.product_ids, examples.labels, examples.queries, strict=True
     ):
         query_text.setdefault(int(qid), text)
-        if label == 1:
+        if label >= 0.5:  # label 1, grade 2-3
             relevant.setdefault(int(qid), []).append(position[pid])
     query_ids = np.array(sorted(relevant), dtype=np.int64)
     return (

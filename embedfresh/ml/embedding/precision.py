@@ -351,6 +351,7 @@ def fast_mode_gate(
     """Recall@10 on the eval split of ``dataset``, the fast ``mode`` (``int8``/``bf16``)
     against fp32: is it worse than fp32 by more than ``tolerance``? (one-sided,
     :data:`GATE_CONFIDENCE`). The summary's keys name the mode (``recall_at_10_bf16``)."""
+    from embedfresh.ml.data.judgments import corpus_of
     from embedfresh.ml.data.reader import read_eval
     from embedfresh.ml.embedding.pools import (
         POOL_SIZE,
@@ -359,11 +360,11 @@ def fast_mode_gate(
         retrieval_sets,
     )
 
-    examples = read_eval(store, dataset)
+    examples = read_eval(store, dataset, {}, corpus_of(store, dataset, None))
     query_ids, query_texts, _, product_texts, relevant = retrieval_sets(examples)
     if len(query_ids) == 0:
         raise BadInputError(
-            f"eval split of {dataset!r} has no relevant (label 1) pairs: "
+            f"eval split of {dataset!r} has no relevant (label 1, grade 2-3) pairs: "
             f"the {mode} quality gate needs recall@10"
         )
     # Over a fixed candidate pool per query (docs/GATE.md), where more queries narrow the

@@ -79,7 +79,10 @@ class ModelSpec(BaseModel):
     max_length: int = Field(ge=2)
     """Fixed padded token length of queries and products (static shapes)."""
     head_hidden: int = Field(ge=1)
-    num_features: int = Field(ge=0)
+    features: tuple[tuple[str, Literal["identity", "log1p", "div5"]], ...] = ()
+    """The numeric features the relevance head takes beside the texts: ``(column,
+    transform)`` pairs (:data:`embedfresh.ml.data.schema.TRANSFORMS`) in input order, the
+    data's declaration when the head was made. Empty: text-only."""
     default_batch_size: int = Field(ge=1)
     encoder_learning_rate: float = Field(gt=0)
     head_learning_rate: float = Field(gt=0)
@@ -103,6 +106,26 @@ class ModelSpec(BaseModel):
     """A team's own non-BERT encoder: its transformers ``config.json``, run through
     ``AutoModel`` (the generic path; :mod:`embedfresh.ml.model.hf_encoder`). None: the BERT
     encoder that ``encoder`` describes (the fast path)."""
+
+    @property
+    def num_features(self) -> int:
+        return len(self.features)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_features(cls, data: Any) -> Any:
+        # Specs stored before features were declared name only their count, which was
+        # always the demo's six.
+        if isinstance(data, dict) and "num_features" in data:
+            from embedfresh.ml.data.schema import DEMO_FEATURES
+
+            data = dict(data)
+            count = data.pop("num_features")
+            if "features" not in data:
+                if count not in (0, len(DEMO_FEATURES)):
+                    raise ValueError(f"num_features {count}: declare the features by name")
+                data["features"] = DEMO_FEATURES if count else ()
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -181,6 +204,13 @@ class ModelSpec(BaseModel):
 
         ``max_seq_length`` is left out: it changes no weight and no training shape."""
         fields = self.model_dump(mode="json", exclude={"max_seq_length"}, exclude_none=True)
+        from embedfresh.ml.data.schema import DEMO_FEATURES
+
+        if self.features == DEMO_FEATURES:
+            # As specs were hashed before features were declared by name: compile
+            # caches, checkpoints and embedding sets of those stores stay valid.
+            del fields["features"]
+            fields["num_features"] = len(DEMO_FEATURES)
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -211,8 +241,7 @@ def tokenizer_file() -> Path:
 
 
 def _presets() -> dict[str, ModelSpec]:
-    from embedfresh.ml.data.schema import FEATURE_NAMES
-
+    """The architectures; a head's features are the data's (``TrainConfig.features``)."""
     return {
         "tiny": ModelSpec(
             name="tiny",
@@ -227,7 +256,6 @@ def _presets() -> dict[str, ModelSpec]:
             base_weights="random",
             max_length=32,
             head_hidden=64,
-            num_features=len(FEATURE_NAMES),
             default_batch_size=32,
             encoder_learning_rate=1e-3,
             head_learning_rate=1e-3,
@@ -245,7 +273,6 @@ def _presets() -> dict[str, ModelSpec]:
             base_weights="minilm",
             max_length=64,
             head_hidden=256,
-            num_features=len(FEATURE_NAMES),
             default_batch_size=32,
             encoder_learning_rate=5e-5,
             head_learning_rate=1e-3,

@@ -1,5 +1,6 @@
 """The relevance model: encoder embeddings of query and product, their explicit
-interactions and the dense product features, through an MLP to one logit."""
+interactions and the declared numeric features (none: text-only), through an MLP to one
+logit."""
 
 from __future__ import annotations
 

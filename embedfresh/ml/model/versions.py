@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,11 +201,27 @@ def resolve_model(store: ArtifactStore, model: str) -> tuple[ModelSpec, bytes]:
     return spec, store.read_bytes(f"{directory}/{TOKENIZER}")
 
 
+def training_spec(
+    store: ArtifactStore, model: str, dataset: str, features: Sequence[Sequence[str]] | None
+) -> tuple[ModelSpec, bytes]:
+    """The architecture and tokenizer a training run of ``model`` on ``dataset`` trains
+    (:func:`resolve_model`), its relevance head taking ``features`` (the config's
+    declaration), else the data set's own (:func:`~embedfresh.ml.data.reader.
+    declared_features`; text-only if it declares none)."""
+    from embedfresh.ml.data.reader import check_declaration, declared_features
+
+    spec, tokenizer_json = resolve_model(store, model)
+    if features is None:
+        declared = declared_features(store, dataset)
+    else:
+        declared = check_declaration(features, "the config's features")
+    return spec.model_copy(update={"features": declared}), tokenizer_json
+
+
 def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSpec:
     """The :class:`ModelSpec` of a team's model directory; ``training`` holds the
     training settings (``max_length``, ``head_hidden``, ...). BERT encoders take the
     fast path; any other encoder keeps its transformers config (``architecture``)."""
-    from embedfresh.ml.data.schema import FEATURE_NAMES
     from embedfresh.ml.model.hf_encoder import hf_config
     from embedfresh.ml.model.sources import fast_path
 
@@ -231,7 +248,6 @@ def spec_from_source(source: SourceModel, name: str, **training: Any) -> ModelSp
             encoder=encoder,
             base_weights="published",
             max_seq_length=source.max_seq_length,
-            num_features=len(FEATURE_NAMES),
             architecture=None if fast else source.config,
             pooling=None if source.pooling == "mean" else source.pooling,
             dense=[DenseLayer(**layer) for layer, _ in source.dense] or None,

@@ -98,9 +98,11 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def data_fingerprint(examples: Examples) -> str:
-    """16 hex digits of sha256 over the examples' ids, features and labels: part of the
+    """16 hex digits of sha256 over the examples' ids, features, labels and their kind: part of the
     config hash, so a checkpoint is never resumed on other data."""
     h = hashlib.sha256()
     for arr in (examples.query_ids, examples.product_ids, examples.features, examples.labels):
         h.update(np.ascontiguousarray(arr).tobytes())
+    if examples.kind != "binary":  # the objective (binary data: hashed as before kinds)
+        h.update(examples.kind.encode())
     return h.hexdigest()[:16]

@@ -49,7 +49,7 @@ class EvalPoints:
 
         self.cfg, self.store, self.backend = cfg, store, backend
         self.spec, self.tokenizer_json = spec, tokenizer_json
-        self.pairs = Pairs.load(store, cfg.dataset, tokenizer)
+        self.pairs = Pairs.load(store, cfg.dataset, tokenizer, spec.features)
         self.searcher = Searcher.load(store, cfg.dataset, None)
         self.curve = curve
         self.compiles = 0
@@ -97,7 +97,7 @@ class EvalPoints:
                 "step": done,
                 "dataset": cfg.dataset,
                 "metrics": metrics,
-                "n_examples": len(self.pairs.examples),
+                "n_examples": len(self.pairs),
                 "n_queries": len(tables["queries"]["query_id"]),
                 "corpus": self.searcher.corpus,
                 "outcomes": outcomes,

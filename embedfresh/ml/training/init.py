@@ -19,6 +19,40 @@ from embedfresh.ml.model import versions
 from embedfresh.ml.model.relevance import RelevanceModel
 
 
+def load_start(model: RelevanceModel, version: versions.ModelVersion, what: str) -> None:
+    """Load a start version's weights into ``model``. A version whose relevance head never
+    trained (a published model's seeded head) gives its encoder alone when its head takes
+    other features than the data declares; a trained head must take the same ones.
+
+    :raises BadInputError: another architecture, or a trained head of other features.
+    """
+    spec = model.spec
+    if version.spec.fingerprint() == spec.fingerprint():
+        model.load_state_dict(version.weights, strict=True)
+        return
+    if version.spec.model_copy(update={"features": spec.features}).fingerprint() != (
+        spec.fingerprint()
+    ):
+        raise BadInputError(
+            f"{what} {version.url} has another architecture than model config {spec.name!r}"
+        )
+    if not (version.meta.get("base") or version.meta.get("baseline")):
+        raise BadInputError(
+            f"{what} {version.url} has a relevance head trained on features "
+            f"{_named(version.spec.features)}, and the data declares "
+            f"{_named(spec.features)}: declare the same features in the same order (the "
+            "config's features or the data set's dataset.json), or start a new head from "
+            "the base weights (--set init=base); docs/DATA.md"
+        )
+    encoder = {k: v for k, v in version.weights.items() if not k.startswith("head.")}
+    missing, unexpected = model.load_state_dict(encoder, strict=False)
+    assert not unexpected and all(k.startswith("head.") for k in missing), (missing, unexpected)
+
+
+def _named(features: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join(f"{name} ({how})" for name, how in features) or "none (text-only)"
+
+
 def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) -> dict[str, Any]:
     """Load the starting weights into ``model``; returns where they came from.
 
@@ -36,11 +70,7 @@ def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) 
                 f"init_version {pinned} of {cfg.model} is not a committed model version"
             )
         version = versions.load(store, cfg.model, pinned)
-        if version.spec.fingerprint() != model.spec.fingerprint():
-            raise BadInputError(
-                f"version {version.url} has another architecture than model config {cfg.model!r}"
-            )
-        model.load_state_dict(version.weights, strict=True)
+        load_start(model, version, "init_version")
         return {"source": "version", "version": pinned, "url": version.url}
     production = None
     if cfg.init in ("auto", "production"):
@@ -52,12 +82,7 @@ def resolve_init(cfg: TrainConfig, store: ArtifactStore, model: RelevanceModel) 
             )
     if production is not None:
         version = versions.load(store, cfg.model, production)
-        if version.spec.fingerprint() != model.spec.fingerprint():
-            raise BadInputError(
-                f"production version {version.url} has another architecture than "
-                f"model config {cfg.model!r}"
-            )
-        model.load_state_dict(version.weights, strict=True)
+        load_start(model, version, "production version")
         return {"source": "production", "version": production, "url": version.url}
     return {"source": "base", "weights": versions.load_base_weights(model)}
 

@@ -2,7 +2,8 @@
 stands to the end of the plan, with logging, evaluation points and checkpoints.
 
 One step: forward (``model.score_and_embed``, compiled or data parallel or not) under
-the backend's autocast, relevance loss plus in-batch contrastive loss, backward,
+the backend's autocast, relevance loss plus in-batch contrastive loss (the contrastive
+term alone on positive pairs: the relevance loss is weighted 0), backward,
 gradient clipping, optimizer and schedule step. The backend's hooks sit at fixed places
 so the same loop runs eagerly on CPU/CUDA and traced on XLA.
 
@@ -91,6 +92,10 @@ class Trainer:
         sharded, rank 0 writing), else None.
     :param sharded: the model is sharded over the ranks (fsdp, hsdp): every rank writes
         its shards of each checkpoint (:meth:`CheckpointManager.save_sharded`).
+    :param pointwise: the data has negatives (binary or graded labels) and the relevance
+        head learns from them; positive pairs alone train the contrastive term only (the
+        relevance loss stays in the graph at weight 0, so every parameter takes part in
+        the step, as data parallel and sharding require).
     """
 
     cfg: TrainConfig
@@ -104,6 +109,7 @@ class Trainer:
     checkpoints: CheckpointManager
     evaluator: EvalPoints | None = None
     sharded: bool = False
+    pointwise: bool = True
 
     def run(self, state: TrainState, until: int | None = None) -> LoopStats:
         """Train from ``state.step`` to ``until`` (default: the plan's total), advancing
@@ -206,6 +212,8 @@ class Trainer:
                 batch["features"],
             )
             loss = loss_fn(logits.float(), batch["labels"])
+            if not self.pointwise:
+                loss = loss * 0.0
             if cfg.contrastive_weight:
                 loss = loss + cfg.contrastive_weight * in_batch_contrastive(
                     q, p, batch["labels"], cfg.contrastive_temperature

@@ -90,6 +90,9 @@ def config_hash(
             "shard_size",
             "activation_checkpointing",
             "mixed_precision",
+            # the spec's fingerprint holds the features, the data's those rows it keeps
+            "features",
+            "max_missing_documents",
         },
     )
     for optional in ("init_version", "dropout"):  # unset: the hash of configs before them

@@ -34,6 +34,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend, sharding_refusal
 from embedfresh.ml.checkpoint import SHARDED, Checkpoint, CheckpointManager, cpu_state_dict
 from embedfresh.ml.compile import modes, resolve_backend
+from embedfresh.ml.data.judgments import corpus_of
 from embedfresh.ml.data.reader import Examples, read_train
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import ModelSpec
@@ -126,7 +127,7 @@ class TrainingRun:
         """
         started = time.perf_counter()
         store = ArtifactStore(cfg.artifact_root)
-        spec, tokenizer_json = versions.resolve_model(store, cfg.model)
+        spec, tokenizer_json = versions.training_spec(store, cfg.model, cfg.dataset, cfg.features)
         backend_name = resolve_backend(cfg.backend)
         run_cost(backend_name, 0.0, cfg.instance_type, cfg.instance_prices)  # bad type: fail now
         if cfg.parallelism != "ddp" and (refusal := sharding_refusal(backend_name)):
@@ -141,7 +142,16 @@ class TrainingRun:
                 shard_size=cfg.shard_size,
                 mixed_precision=cfg.mixed_precision,
             )
-            examples = read_train(store, cfg.dataset, cfg.data_interval_start, cfg.interval_end)
+            examples = read_train(
+                store, cfg.dataset, cfg.data_interval_start, cfg.interval_end, spec.features,
+                corpus_of(store, cfg.dataset, None), cfg.max_missing_documents,
+            )  # fmt: skip
+            if examples.kind == "positive" and not cfg.contrastive_weight:
+                raise BadInputError(
+                    f"{examples.sources[0]} holds positive pairs only (no label or grade "
+                    "column), which train the contrastive term alone, and contrastive_weight "
+                    "is 0: set it above 0 (the default is 1)"
+                )
             plan = TrainPlan.make(cfg, spec, examples, backend.world_size)
             _check_resumable(store, cfg, plan)
             if backend.is_main:
@@ -291,6 +301,7 @@ class TrainingRun:
             checkpoints,
             evaluator,
             sharded=self.sharding is not None,
+            pointwise=self.examples.kind != "positive",
         )
         first_step = state.step
         stats = trainer.run(state)
@@ -393,6 +404,9 @@ class TrainingRun:
                 "init": fitted.state.init,
                 "steps": self.plan.total,
                 "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
+                "labels": self.examples.kind,
+                # positive pairs train the embedding alone: the head's scores mean nothing
+                **({"head_trained": False} if self.examples.kind == "positive" else {}),
             },
             tokenizer_json=self.tokenizer_json,
         )
@@ -418,6 +432,10 @@ class TrainingRun:
             "epochs": cfg.epochs,
             "batch_size": plan.batch_size,
             "rows": len(self.examples),
+            "labels": self.examples.kind,
+            "objective": "contrastive" if self.examples.kind == "positive" else "pointwise",
+            "features": [list(pair) for pair in self.spec.features],
+            "missing_documents": self.examples.missing_documents,
             "data_interval": [str(cfg.data_interval_start), str(cfg.interval_end)],
             "sources": list(self.examples.sources),
             "samples_per_second": round(fitted.steps_run * plan.samples_per_step / loop_seconds, 2)
