@@ -62,6 +62,7 @@ FILE_SECONDS: dict[str, float] = {
     "tests/test_compile_ddp.py": 118,
     "tests/test_refresh_on_batch.py": 114,
     "tests/test_demo.py": 108,
+    "tests/test_team_data.py": 90,
     "tests/test_train_fsdp.py": 106,
     "tests/test_own_model.py": 105,
     "tests/reliability/test_sigkill_resume.py": 104,

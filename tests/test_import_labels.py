@@ -7,6 +7,7 @@ codes, result record), as ``python -m embedfresh.jobs.import_labels`` does."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -23,7 +24,7 @@ from embedfresh.core.config import ImportLabelsConfig
 from embedfresh.core.shards import read_corpus_shard
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.jobs.import_labels import import_labels
-from embedfresh.ml.data.judgments import read_judgments
+from embedfresh.ml.data.judgments import corpus_of, read_judgments
 
 
 def run(root: Path, *sets: str) -> int:
@@ -226,6 +227,56 @@ def test_a_click_log_grades_each_pair_by_its_strongest_event(root, tmp_path):
          "query_ref": "laufschuhe"},
     ]  # fmt: skip
     assert written(root, "clicks") == sorted(expected, key=lambda r: (r["query_id"], r["doc_id"]))
+
+
+def test_a_click_log_becomes_a_day_of_training_pairs_graded_or_positive(root, tmp_path):
+    """``into=train``: the same labels as one day's training pairs of the contract, the
+    source's own query ids kept; ``labels=positive`` keeps the positives without a grade.
+    The training reader takes them, their texts from the corpus the data set declares."""
+    from embedfresh.ml.data.reader import read_train
+
+    corpus(root, "shop", ["sku-1", "sku-2", "sku-3"], ["Laufschuh rot", "Socke", "Schuh blau"])
+    log = tmp_path / "clicks.csv"
+    log.write_text(
+        "query,doc_id,event\nrunning shoes,sku-1,click\nrunning shoes,sku-2,shown\n"
+        "laufschuhe,sku-3,purchase\nlaufschuhe,sku-2,shown\n"
+    )
+    day = "--set=day=2026-03-01"
+    common = [f"source={log}", "shape=clicks", "corpus=shop", "into=train", day[6:]]
+    assert run(root, *common, "dataset=graded") == 0
+    assert run(root, *common, "dataset=clicks", "labels=positive") == 0
+    part = "train/dt=2026-03-01/part-00000.parquet"
+    graded = pq.read_table(root / "datasets/graded" / part).to_pylist()
+    assert graded == [
+        {"query_id": "laufschuhe", "query": "laufschuhe", "doc_id": "sku-2", "grade": 0},
+        {"query_id": "laufschuhe", "query": "laufschuhe", "doc_id": "sku-3", "grade": 3},
+        {"query_id": "running shoes", "query": "running shoes", "doc_id": "sku-1", "grade": 1},
+        {"query_id": "running shoes", "query": "running shoes", "doc_id": "sku-2", "grade": 0},
+    ]
+    clicked = pq.read_table(root / "datasets/clicks" / part).to_pylist()
+    assert clicked == [
+        {"query_id": "laufschuhe", "query": "laufschuhe", "doc_id": "sku-3"},
+        {"query_id": "running shoes", "query": "running shoes", "doc_id": "sku-1"},
+    ]
+    assert json.loads((root / "datasets/clicks/dataset.json").read_text()) == {"corpus": "shop"}
+    store = ArtifactStore(root.as_uri())
+    day0, day1 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
+    pairs = read_train(store, "clicks", day0, day1, (), corpus_of(store, "clicks", None))
+    assert (pairs.kind, pairs.products) == ("positive", ["Schuh blau", "Laufschuh rot"])
+    pairs = read_train(store, "graded", day0, day1, (), corpus_of(store, "graded", None))
+    assert pairs.kind == "graded" and pairs.labels.tolist() == pytest.approx([0, 1, 1 / 3, 0])
+
+
+def test_training_pairs_of_a_data_set_judged_on_another_corpus_are_refused(root, tmp_path):
+    corpus(root, "shop", ["sku-1"])
+    corpus(root, "other", ["sku-1"])
+    log = tmp_path / "clicks.csv"
+    log.write_text("query,doc_id,event\nshoes,sku-1,click\n")
+    assert run(root, f"source={log}", "shape=clicks", "dataset=d", "corpus=shop") == 0
+    train = [f"source={log}", "shape=clicks", "dataset=d", "into=train", "day=2026-03-01"]
+    assert run(root, *train, "corpus=other") == 2
+    assert not (root / "datasets/d/train").exists()
+    assert run(root, *train[:-1]) == 2  # into=train needs its day
 
 
 BAD = {

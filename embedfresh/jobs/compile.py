@@ -50,6 +50,7 @@ from embedfresh.core import layout, markers
 from embedfresh.core.cli import main_for
 from embedfresh.core.config import CompileConfig, TrainConfig
 from embedfresh.core.exit_codes import BadInputError
+from embedfresh.core.parquet import read_parquet
 from embedfresh.core.partitions import partition_days
 from embedfresh.core.shards import corpus_shards
 from embedfresh.core.storage import ArtifactStore
@@ -218,19 +219,30 @@ TRIAL_QUERIES = 64
 
 
 def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt.date) -> None:
-    """One day, the eval split, the judgments and the first shard of the corpus they
-    judge: what the trial's training and its evaluation (search included) read."""
+    """What the trial's training and its evaluation (search included) read: one day's
+    pairs and the eval split's (if any) with their documents' texts inline (the trial
+    holds one shard of the corpus), the data set's declaration, its judgments and the
+    first shard of the corpus they judge."""
+    from embedfresh.ml.data.generate import parquet_bytes
+    from embedfresh.ml.data.judgments import corpus_of
+    from embedfresh.ml.data.reader import with_texts
+
+    corpus = corpus_of(store, dataset, None)
     judgments = layout.judgments(dataset)
-    for directory in (
-        layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset), judgments
-    ):  # fmt: skip
+    train, evals = layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset)
+    for directory in (train, evals, judgments):
         names = store.listdir(directory)
-        if not names:
+        if not names and directory != evals:
             raise BadInputError(f"the trial run needs {store.url(directory)}, which is empty")
         for name in names:
-            trial.write_bytes(f"{directory}/{name}", store.read_bytes(f"{directory}/{name}"))
-    spec = f"{judgments}/judgments.json"
-    corpus = (store.read_json(spec) if store.exists(spec) else {}).get("corpus") or "products"
+            rel = f"{directory}/{name}"
+            if directory == judgments or not name.endswith(".parquet"):
+                trial.write_bytes(rel, store.read_bytes(rel))
+                continue
+            table = with_texts(store, read_parquet(store, rel), corpus, store.url(rel))
+            trial.write_bytes(rel, parquet_bytes(table))
+    if store.exists(declaration := layout.dataset_declaration(dataset)):
+        trial.write_bytes(declaration, store.read_bytes(declaration))
     first = next(iter(corpus_shards(store, corpus).values()))
     rel = f"{layout.corpus(corpus)}/{first}"
     trial.write_bytes(rel, store.read_bytes(rel))

@@ -5,7 +5,8 @@ A team's relevance labels, in the shape it has (ESCI-style judgments, a BEIR / M
 folder, a click log: :mod:`embedfresh.ml.data.convert`), become the judgments of data set
 ``D`` (``datasets/D/judgments/part-00000.parquet`` and ``judgments.json``, marked
 incomplete: docs/DATA.md), which the gate's evaluation and the search check of corpus
-``C`` score on. A ``beir`` import also writes the folder's ``corpus.jsonl`` as corpus
+``C`` score on; or, with ``--set into=train --set day=YYYY-MM-DD``, that day's training
+pairs of ``D`` (graded, or with ``labels=positive`` the positives alone). A ``beir`` import also writes the folder's ``corpus.jsonl`` as corpus
 ``C`` when the store has none (or finishes one a killed import began).
 
 Everything is read and checked before the first write, by the rules the evaluations
@@ -41,7 +42,7 @@ from embedfresh.core.shards import list_parts, read_corpus_shard
 from embedfresh.core.storage import ArtifactStore, sha256_bytes
 from embedfresh.ml.data import convert
 from embedfresh.ml.data.generate import parquet_bytes
-from embedfresh.ml.data.judgments import SPEC, check_judgments, write_spec
+from embedfresh.ml.data.judgments import SPEC, check_judgments, corpus_of, write_spec
 
 log = logging.getLogger("embedfresh.jobs.import_labels")
 
@@ -65,6 +66,12 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
             log.info("corpus %s exists: its own ids are judged, %s is not written",
                      store.url(corpus_rel), source.url("corpus.jsonl"))  # fmt: skip
             collection = None
+    if cfg.into == "train" and (named := corpus_of(store, cfg.dataset, None)) != cfg.corpus:
+        if store.exists(f"{layout.judgments(cfg.dataset)}/{SPEC}"):
+            raise BadInputError(
+                f"data set {cfg.dataset!r} is judged on corpus {named!r}: its training pairs "
+                f"must name that corpus's documents, not {cfg.corpus!r} (--set corpus={named})"
+            )
     corpus_ids = _corpus_ids(store, cfg.corpus, existing, collection)
     id_type = None if corpus_ids is None else _id_type(corpus_ids)
     converted = _convert(cfg, source, id_type)
@@ -76,12 +83,22 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
 
     if collection is not None:
         _write_corpus(store, corpus_rel, collection, cfg)
-    _write_judgments(store, cfg, table)
+    if cfg.into == "train":
+        _declare_corpus(store, cfg)
+        written = _write_train(store, cfg, table)
+    else:
+        _write_judgments(store, cfg, table)
     report = {
         "status": "ok",
         "source": source.url(""),
         "shape": cfg.shape,
         "dataset": cfg.dataset,
+        "into": cfg.into,
+        **(
+            {"day": str(cfg.day), "labels": cfg.labels, "pairs": written}
+            if cfg.into == "train"
+            else {}
+        ),  # fmt: skip
         "corpus": cfg.corpus,
         # What the store holds, not what this attempt wrote: a re-run reports the same.
         "corpus_from_source": collection is not None,
@@ -246,6 +263,37 @@ def _missing(converted: convert.Converted, corpus_ids: np.ndarray | None, allowe
         log.warning("%d judged documents are not in the corpus (max_missing %d): they "
                     "are left out of the evaluations", count, allowed)  # fmt: skip
     return count
+
+
+def _declare_corpus(store: ArtifactStore, cfg: ImportLabelsConfig) -> None:
+    """The data set's ``dataset.json`` names the corpus its pairs' ``doc_id`` are of (its
+    features, if it declares any, kept)."""
+    rel = layout.dataset_declaration(cfg.dataset)
+    declaration = store.read_json(rel) if store.exists(rel) else {}
+    if declaration.get("corpus") != cfg.corpus:
+        store.write_json(rel, {**declaration, "corpus": cfg.corpus})
+
+
+def _write_train(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table) -> int:
+    """The labels as the training pairs of ``cfg.day``, one part: the source's own query
+    ids (strings stay strings), ``graded`` with their grade, ``positive`` the pairs
+    graded above 0 without one. Returns the pairs written."""
+    if cfg.labels == "positive":
+        table = table.filter(pc.greater(table.column("grade"), 0)).drop_columns(["grade"])
+    if "query_ref" in table.column_names:  # the source's string ids, not their keys
+        refs = table.column("query_ref")
+        table = table.drop_columns(["query_id", "query_ref"]).add_column(0, "query_id", refs)
+    table = table.sort_by([("query_id", "ascending"), ("doc_id", "ascending")])
+    directory = layout.dataset_partition(cfg.dataset, "train", cfg.day)
+    name = layout.part_name(0)
+    store.write_bytes(f"{directory}/{name}", parquet_bytes(table))
+    for stale in store.listdir(directory):
+        if stale.endswith(".parquet") and stale != name:
+            log.info("removing %s of an earlier import", store.url(f"{directory}/{stale}"))
+            store.remove(f"{directory}/{stale}")
+    log.info("wrote %d %s training pairs of %s (%s)", table.num_rows, cfg.labels,
+             cfg.dataset, store.url(f"{directory}/{name}"))  # fmt: skip
+    return table.num_rows
 
 
 def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from embedfresh.core.config.base import JobConfig
 from embedfresh.core.config.embedding import VectorConfig
@@ -162,8 +163,8 @@ class PublishModelConfig(JobConfig):
 
 class ImportLabelsConfig(JobConfig):
     """A team's relevance labels, in the shape they have, written as a data set's
-    judgments; a BEIR folder's collection as the corpus they judge (docs/DATA.md
-    "Importing them")."""
+    judgments or as one day of its training pairs; a BEIR folder's collection as the
+    corpus they judge (docs/DATA.md "Importing them")."""
 
     source: str
     """Where the labels are: a local path, ``file://...`` or ``s3://...``. ``esci`` and
@@ -174,8 +175,17 @@ class ImportLabelsConfig(JobConfig):
     ``esci_label`` E/S/C/I); ``beir``: a BEIR / MS MARCO folder; ``clicks``: a click log
     (``query``, ``doc_id``, ``event``, optional ``query_id``)."""
     dataset: str
-    """The data set whose judgments are written (``datasets/{dataset}/judgments/``);
-    judgments already there are replaced."""
+    """The data set written: its judgments (``datasets/{dataset}/judgments/``) or one
+    day of its training pairs; what is already there is replaced."""
+    into: Literal["judgments", "train"] = "judgments"
+    """``judgments``: what the gate and the search check score on; ``train``: the
+    training pairs of ``day`` (docs/DATA.md "Training data"), graded or positive."""
+    day: dt.date | None = None
+    """``into=train``: the ``dt=`` partition written (required)."""
+    labels: Literal["graded", "positive"] = "graded"
+    """``into=train``: ``graded`` pairs keep their grade 0-3 (the pointwise head learns
+    them); ``positive`` keeps the pairs graded above 0, without a grade (the contrastive
+    objective alone: a click log's positives)."""
     corpus: str = "products"
     """The corpus the labels judge. A ``beir`` import writes the folder's
     ``corpus.jsonl`` there when the store has no such corpus (else the store's stands)."""
@@ -194,3 +204,9 @@ class ImportLabelsConfig(JobConfig):
     @classmethod
     def _segment(cls, v: str) -> str:
         return safe_id(v, "name")
+
+    @model_validator(mode="after")
+    def _day(self) -> ImportLabelsConfig:
+        if self.into == "train" and self.day is None:
+            raise ValueError("into=train writes one day's partition: set day=YYYY-MM-DD")
+        return self

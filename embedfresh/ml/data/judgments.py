@@ -352,10 +352,12 @@ def write_spec(store: ArtifactStore, dataset: str, complete: bool, corpus: str) 
 
 
 def corpus_of(store: ArtifactStore, dataset: str, corpus: str | None) -> str:
-    """The corpus a data set's judged queries search: ``corpus``, else the one its
-    judgments name, else :data:`DEFAULT_CORPUS`."""
+    """The corpus of a data set's documents: ``corpus``, else the one its judgments
+    name, else the one its ``dataset.json`` names, else :data:`DEFAULT_CORPUS`."""
     if corpus:
         return corpus
-    spec = f"{layout.judgments(dataset)}/judgments.json"
-    named = store.read_json(spec).get("corpus") if store.exists(spec) else None
-    return named or DEFAULT_CORPUS
+    for spec in (f"{layout.judgments(dataset)}/{SPEC}", layout.dataset_declaration(dataset)):
+        named = store.read_json(spec).get("corpus") if store.exists(spec) else None
+        if named:
+            return named
+    return DEFAULT_CORPUS

@@ -422,6 +422,25 @@ def _documents(
     return texts, ~missing
 
 
+def with_texts(store: ArtifactStore, table: pa.Table, corpus: str, url: str) -> pa.Table:
+    """``table``'s pairs (file ``url``) with every document's text inline in ``doc_text``:
+    the corpus's for a row without its own. A row whose document the corpus lacks is left
+    out (what the reader does within ``max_missing_documents``)."""
+    n = table.num_rows
+    own = table.column(DOC_TEXT).to_pylist() if DOC_TEXT in table.column_names else [None] * n
+    need = [i for i, t in enumerate(own) if t is None]
+    if not need:
+        return table
+    doc = table.column("doc_id")
+    wanted = np.asarray(doc.to_pylist(), dtype=str if _is_text(doc.type) else np.int64)
+    found = _corpus_texts(store, corpus, wanted[need], _is_text(doc.type), _Rows([(url, table)]))
+    texts = [t if t is not None else found.get(wanted[i].item()) for i, t in enumerate(own)]
+    keep = pa.array([t is not None for t in texts])
+    if DOC_TEXT in table.column_names:
+        table = table.drop_columns([DOC_TEXT])
+    return table.append_column(DOC_TEXT, pa.array(texts, pa.string())).filter(keep)
+
+
 def _corpus_texts(
     store: ArtifactStore, corpus: str, wanted: np.ndarray, strings: bool, rows: _Rows
 ) -> dict[object, str]:
