@@ -124,7 +124,7 @@ def build_trainer(
     )
     cfg = TrainConfig(**settings)
     store = ArtifactStore(root)
-    spec = get_spec(model_name)
+    spec = get_spec(model_name).model_copy(update={"features": DEMO_FEATURES})
     backend = get_backend(backend_name)
     examples = read_train(store, cfg.dataset, DAY, cfg.interval_end, DEMO_FEATURES)
     batch_size = batch_size or spec.default_batch_size

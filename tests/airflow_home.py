@@ -107,15 +107,17 @@ def airflow_home(home: Path, artifact_root: str | None = None) -> dict[str, str]
 def promote_initial_version(root: str, version: str, model: str = "tiny") -> None:
     """Publish ``model``'s base weights as ``version`` and make it live as a bare release
     (no corpora, as ``publish_model`` does), for DAGs that start from a production
-    version (corpus_embeddings, accelerator_parity)."""
+    version (corpus_embeddings, accelerator_parity): a head of the demo's features, as a
+    production trained on the demo's data has."""
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.checkpoint import cpu_state_dict
+    from embedfresh.ml.data.schema import DEMO_FEATURES
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
     from tests.releasing import bare_release
 
     store = ArtifactStore(root)
-    spec = get_spec(model)
+    spec = get_spec(model).model_copy(update={"features": DEMO_FEATURES})
     versions.publish(store, spec, version, cpu_state_dict(versions.build_model(spec, 0)), {})
     bare_release(store, model, version)
 

@@ -413,12 +413,13 @@ def with_v1_production_and_v2(root: str) -> None:
     """v1 live (a bare release), v2 committed but never gated: what an override releases."""
     from embedfresh.core.storage import ArtifactStore
     from embedfresh.ml.checkpoint import cpu_state_dict
+    from embedfresh.ml.data.schema import DEMO_FEATURES
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
 
     write_data(root)
     promote_initial_version(root, "v1")
-    spec = get_spec("tiny")
+    spec = get_spec("tiny").model_copy(update={"features": DEMO_FEATURES})
     weights = cpu_state_dict(versions.build_model(spec, 1))
     versions.publish(ArtifactStore(root), spec, "v2", weights, {})
 

@@ -61,6 +61,27 @@ def test_a_click_log_is_positive_pairs(team_root) -> None:
     assert ex.kind == "positive" and (ex.labels == 1).all() and ex.missing_documents == 0
 
 
+def test_contrastive_training_on_clicks_resumes_bit_exactly(team_root) -> None:
+    """The contrastive objective alone keeps the resume guarantee: a run SIGKILLed mid-way
+    and run again ends with the weights of an uninterrupted one."""
+    from tests.test_train_resume import train_until_killed, weights_sha
+
+    root, _ = team_root
+    sets = ("dataset=clicks", f"data_interval_start={DAY}", "epochs=2", "checkpoint_every=5",
+            "log_every=1", "init=base")  # fmt: skip
+    whole = run_job("train", f"artifact_root={root}", "run_id=clicks-whole", *sets)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert json.loads(whole.stdout.strip().splitlines()[-1])["steps"] == 36  # 600 / 32 x 2
+    train_until_killed(root, "clicks-killed", 17, sets)
+    again = run_job("train", f"artifact_root={root}", "run_id=clicks-killed", *sets)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert 0 < json.loads(again.stdout.strip().splitlines()[-1])["resumed_from"]["step"] <= 17
+    assert weights_sha(root, "clicks-killed") == weights_sha(root, "clicks-whole")
+    version = Path(root.removeprefix("file://")) / "models/tiny/versions/clicks-whole"
+    meta = json.loads((version / "model.json").read_text())
+    assert (meta["labels"], meta["head_trained"]) == ("positive", False)
+
+
 # -- errors at the door ---------------------------------------------------------------
 
 

@@ -76,13 +76,12 @@ def test_two_ranks_match_one_process_with_the_global_batch(root: str, ddp_refere
 
 
 def weights_at_init(root: str) -> dict[str, torch.Tensor]:
+    from embedfresh.ml.data.schema import DEMO_FEATURES
     from embedfresh.ml.model import versions
     from embedfresh.ml.model.presets import get_spec
 
-    return {
-        k: v.detach().clone()
-        for k, v in versions.build_model(get_spec("tiny"), 0).state_dict().items()
-    }
+    spec = get_spec("tiny").model_copy(update={"features": DEMO_FEATURES})  # the demo's head
+    return {k: v.detach().clone() for k, v in versions.build_model(spec, 0).state_dict().items()}
 
 
 def kill_tree(pid: int) -> None:

@@ -283,24 +283,23 @@ def _write_train(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table)
     if "query_ref" in table.column_names:  # the source's string ids, not their keys
         refs = table.column("query_ref")
         table = table.drop_columns(["query_id", "query_ref"]).add_column(0, "query_id", refs)
-    table = table.sort_by([("query_id", "ascending"), ("doc_id", "ascending")])
-    directory = layout.dataset_partition(cfg.dataset, "train", cfg.day)
-    name = layout.part_name(0)
-    store.write_bytes(f"{directory}/{name}", parquet_bytes(table))
-    for stale in store.listdir(directory):
-        if stale.endswith(".parquet") and stale != name:
-            log.info("removing %s of an earlier import", store.url(f"{directory}/{stale}"))
-            store.remove(f"{directory}/{stale}")
+    url = _replace_parts(store, layout.dataset_partition(cfg.dataset, "train", cfg.day), table)
     log.info("wrote %d %s training pairs of %s (%s)", table.num_rows, cfg.labels,
-             cfg.dataset, store.url(f"{directory}/{name}"))  # fmt: skip
+             cfg.dataset, url)  # fmt: skip
     return table.num_rows
 
 
 def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Table) -> None:
     """The spec first (these labels are incomplete: an older ``complete`` never covers
     them), then the judgments as one part, then the parts of an earlier import."""
-    directory = layout.judgments(cfg.dataset)
     write_spec(store, cfg.dataset, complete=False, corpus=cfg.corpus)
+    url = _replace_parts(store, layout.judgments(cfg.dataset), table)
+    log.info("wrote %d judgments of %s (%s)", table.num_rows, cfg.dataset, url)
+
+
+def _replace_parts(store: ArtifactStore, directory: str, table: pa.Table) -> str:
+    """``table`` as the one part of ``directory`` (sorted by query and document: the same
+    labels, the same bytes), then the parts of an earlier import removed; its URL."""
     table = table.sort_by([("query_id", "ascending"), ("doc_id", "ascending")])
     name = layout.part_name(0)
     store.write_bytes(f"{directory}/{name}", parquet_bytes(table))
@@ -308,8 +307,7 @@ def _write_judgments(store: ArtifactStore, cfg: ImportLabelsConfig, table: pa.Ta
         if stale.endswith(".parquet") and stale != name:
             log.info("removing %s of an earlier import", store.url(f"{directory}/{stale}"))
             store.remove(f"{directory}/{stale}")
-    log.info("wrote %d judgments of %s (%s)", table.num_rows, cfg.dataset,
-             store.url(f"{directory}/{SPEC}"))  # fmt: skip
+    return store.url(f"{directory}/{name}")
 
 
 if __name__ == "__main__":
