@@ -277,6 +277,10 @@ def test_training_pairs_of_a_data_set_judged_on_another_corpus_are_refused(root,
     assert run(root, *train, "corpus=other") == 2
     assert not (root / "datasets/d/train").exists()
     assert run(root, *train[:-1]) == 2  # into=train needs its day
+    # and judgments of a data set whose pairs name another corpus's documents
+    assert run(root, *train, "corpus=shop", "dataset=e") == 0
+    assert run(root, f"source={log}", "shape=clicks", "dataset=e", "corpus=other") == 2
+    assert not (root / "datasets/e/judgments").exists()
 
 
 BAD = {

@@ -55,6 +55,18 @@ def test_graded_skus_take_their_text_from_the_corpus(team_root) -> None:
     assert len(np.unique(ex.query_ids)) == len(set(raw.column("query_id").to_pylist()))
 
 
+def test_inline_text_where_a_row_has_it_the_corpus_s_where_it_is_null(team_root) -> None:
+    root, team = team_root
+    store = ArtifactStore(root)
+    table = pq.read_table(Path(root.removeprefix("file://")) / _partition("team"))
+    own = [f"own text {i}" if i % 2 else None for i in range(table.num_rows)]
+    _write(store, _partition("mixed"), table.append_column("doc_text", pa.array(own, pa.string())))
+    ex = read_train(store, "mixed", DAY, NEXT, (), CORPUS)
+    docs = table.column("doc_id").to_pylist()
+    assert ex.products == [t or team.text[d] for t, d in zip(own, docs, strict=True)]
+    assert ex.texts_from_corpus == sum(t is None for t in own)
+
+
 def test_a_click_log_is_positive_pairs(team_root) -> None:
     root, team = team_root
     ex = read_train(ArtifactStore(root), "clicks", DAY, NEXT, (), CORPUS)
@@ -137,6 +149,11 @@ BAD: dict[str, tuple[Callable[[pa.Table], pa.Table], dict, list[str]]] = {
         lambda t: _set(t, "margin", [0.5] * t.num_rows),
         {},
         ["columns ['margin'] are not declared features"],
+    ),
+    "fractional-grade": (
+        lambda t: _set(t, "grade", pa.array([2.0] * 20 + [2.5] * (t.num_rows - 20))),
+        {},
+        ["column grade must be 0-3, got 2.5 at row 20 of"],
     ),
     "empty-query": (_edit(7, "query", "  "), {}, ["column query is empty at row 7 of"]),
     "empty-doc-text": (

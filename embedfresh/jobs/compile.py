@@ -224,10 +224,10 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
     holds one shard of the corpus), the data set's declaration, its judgments and the
     first shard of the corpus they judge."""
     from embedfresh.ml.data.generate import parquet_bytes
-    from embedfresh.ml.data.judgments import corpus_of
+    from embedfresh.ml.data.judgments import corpus_of, pairs_corpus
     from embedfresh.ml.data.reader import with_texts
 
-    corpus = corpus_of(store, dataset, None)
+    corpus = corpus_of(store, dataset, None)  # the judged one: its first shard is copied
     judgments = layout.judgments(dataset)
     train, evals = layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset)
     for directory in (train, evals, judgments):
@@ -239,7 +239,8 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
             if directory == judgments or not name.endswith(".parquet"):
                 trial.write_bytes(rel, store.read_bytes(rel))
                 continue
-            table = with_texts(store, read_parquet(store, rel), corpus, store.url(rel))
+            pairs = read_parquet(store, rel)
+            table = with_texts(store, pairs, pairs_corpus(store, dataset), store.url(rel))
             trial.write_bytes(rel, parquet_bytes(table))
     if store.exists(declaration := layout.dataset_declaration(dataset)):
         trial.write_bytes(declaration, store.read_bytes(declaration))

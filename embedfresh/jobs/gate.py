@@ -68,7 +68,9 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     ref_version, source = _reference(store, cfg, production)
     # A reference whose relevance head never trained says nothing through the head's
     # metrics (a seeded random init): the gate compares what it can be measured on.
-    untrained = untrained_head(store, cfg.model, ref_version, source)
+    untrained = untrained_head(store, cfg.model, ref_version, source) or untrained_head(
+        store, cfg.model, cfg.candidate_version, "candidate"
+    )  # a candidate trained on positive pairs alone has no head to compare either
     metrics, skipped = comparable_metrics(cfg.metrics, untrained, ref_version)
     if source == "baseline":
         versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)

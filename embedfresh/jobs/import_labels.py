@@ -42,7 +42,7 @@ from embedfresh.core.shards import list_parts, read_corpus_shard
 from embedfresh.core.storage import ArtifactStore, sha256_bytes
 from embedfresh.ml.data import convert
 from embedfresh.ml.data.generate import parquet_bytes
-from embedfresh.ml.data.judgments import SPEC, check_judgments, corpus_of, write_spec
+from embedfresh.ml.data.judgments import SPEC, check_judgments, write_spec
 
 log = logging.getLogger("embedfresh.jobs.import_labels")
 
@@ -66,12 +66,7 @@ def import_labels(cfg: ImportLabelsConfig) -> dict[str, Any]:
             log.info("corpus %s exists: its own ids are judged, %s is not written",
                      store.url(corpus_rel), source.url("corpus.jsonl"))  # fmt: skip
             collection = None
-    if cfg.into == "train" and (named := corpus_of(store, cfg.dataset, None)) != cfg.corpus:
-        if store.exists(f"{layout.judgments(cfg.dataset)}/{SPEC}"):
-            raise BadInputError(
-                f"data set {cfg.dataset!r} is judged on corpus {named!r}: its training pairs "
-                f"must name that corpus's documents, not {cfg.corpus!r} (--set corpus={named})"
-            )
+    _check_one_corpus(store, cfg)
     corpus_ids = _corpus_ids(store, cfg.corpus, existing, collection)
     id_type = None if corpus_ids is None else _id_type(corpus_ids)
     converted = _convert(cfg, source, id_type)
@@ -263,6 +258,21 @@ def _missing(converted: convert.Converted, corpus_ids: np.ndarray | None, allowe
         log.warning("%d judged documents are not in the corpus (max_missing %d): they "
                     "are left out of the evaluations", count, allowed)  # fmt: skip
     return count
+
+
+def _check_one_corpus(store: ArtifactStore, cfg: ImportLabelsConfig) -> None:
+    """A data set's judgments and its training pairs name documents of one corpus: an
+    import naming another than the data set already has is refused."""
+    other = f"{layout.judgments(cfg.dataset)}/{SPEC}" if cfg.into == "train" else None
+    if cfg.into == "judgments":
+        other = layout.dataset_declaration(cfg.dataset)
+    named = store.read_json(other).get("corpus") if store.exists(other) else None
+    if named and named != cfg.corpus:
+        what = "judged on" if cfg.into == "train" else "trained on pairs of"
+        raise BadInputError(
+            f"data set {cfg.dataset!r} is {what} corpus {named!r}: its {cfg.into} must name "
+            f"that corpus's documents, not {cfg.corpus!r} (--set corpus={named})"
+        )
 
 
 def _declare_corpus(store: ArtifactStore, cfg: ImportLabelsConfig) -> None:

@@ -231,17 +231,16 @@ def _first_look(store: ArtifactStore, cfg: SearchCheckConfig) -> int:
 def _eval_texts(store: ArtifactStore, cfg: SearchCheckConfig) -> list[str]:
     """Queries to probe the index's faithfulness with when nothing is judged: the eval
     split's (distinct texts), when there is one."""
-    from embedfresh.ml.data.judgments import corpus_of
-    from embedfresh.ml.data.reader import read_eval
+    from embedfresh.ml.data.judgments import pairs_corpus
+    from embedfresh.ml.data.reader import has_eval, read_eval
 
-    try:
-        pairs = read_eval(store, cfg.dataset, {}, corpus_of(store, cfg.dataset, None))
-        return list(dict.fromkeys(pairs.queries))[: cfg.queries]
-    except BadInputError:
+    if not has_eval(store, cfg.dataset):
         raise BadInputError(
             f"neither judgments nor an eval split in data set {cfg.dataset!r}: the search "
             "check has no query to search with (docs/DATA.md)"
-        ) from None
+        )
+    pairs = read_eval(store, cfg.dataset, (), pairs_corpus(store, cfg.dataset))
+    return list(dict.fromkeys(pairs.queries))[: cfg.queries]
 
 
 class Side:

@@ -45,7 +45,7 @@ from embedfresh.core.shards import (
 )
 from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend
-from embedfresh.ml.data.judgments import Judgments, corpus_of, read_judgments
+from embedfresh.ml.data.judgments import Judgments, corpus_of, pairs_corpus, read_judgments
 from embedfresh.ml.data.reader import Examples, has_eval, read_eval
 from embedfresh.ml.embedding.query import (
     ReleaseEncoder,
@@ -92,7 +92,7 @@ class Pairs:
         if not has_eval(store, dataset):
             log.info("data set %s has no eval split: the relevance head is not measured", dataset)
             return cls(None, None, None)
-        examples = read_eval(store, dataset, features, corpus_of(store, dataset, None))
+        examples = read_eval(store, dataset, features, pairs_corpus(store, dataset))
         return cls(
             examples, tokenizer.query(examples.queries), tokenizer.document(examples.products)
         )
@@ -200,7 +200,8 @@ def head_outcomes(
 def metrics_of(examples: dict[str, np.ndarray], queries: dict[str, np.ndarray]) -> dict[str, float]:
     """Every metric of :data:`METRICS` (and ``judged_at_10`` where measured) on the
     outcome tables."""
-    measured = len(examples["label"]) > 0  # no eval split: the head is not measured
+    # No eval split, or one of a single class (positive pairs): the head is not measured.
+    measured = len(np.unique(examples["label"])) == 2
     out = {name: round(metric_value(name, examples), 6) if measured else None
            for name in HEAD_METRICS}  # fmt: skip
     out.update({name: round(metric_value(name, queries), 6) for name in RANKING_METRICS})

@@ -352,12 +352,29 @@ def write_spec(store: ArtifactStore, dataset: str, complete: bool, corpus: str) 
 
 
 def corpus_of(store: ArtifactStore, dataset: str, corpus: str | None) -> str:
-    """The corpus of a data set's documents: ``corpus``, else the one its judgments
-    name, else the one its ``dataset.json`` names, else :data:`DEFAULT_CORPUS`."""
-    if corpus:
-        return corpus
-    for spec in (f"{layout.judgments(dataset)}/{SPEC}", layout.dataset_declaration(dataset)):
-        named = store.read_json(spec).get("corpus") if store.exists(spec) else None
-        if named:
-            return named
-    return DEFAULT_CORPUS
+    """The corpus a data set's judged queries search: ``corpus``, else the one its
+    judgments name, else :func:`pairs_corpus`."""
+    return (
+        corpus
+        or _named(store, f"{layout.judgments(dataset)}/{SPEC}")
+        or pairs_corpus(store, dataset)
+    )
+
+
+def pairs_corpus(store: ArtifactStore, dataset: str) -> str:
+    """The corpus a data set's pairs name documents of: the one its ``dataset.json``
+    names, else the one its judgments name, else :data:`DEFAULT_CORPUS`."""
+    return (
+        _named(store, layout.dataset_declaration(dataset))
+        or _named(store, f"{layout.judgments(dataset)}/{SPEC}")
+        or DEFAULT_CORPUS
+    )
+
+
+def _named(store: ArtifactStore, rel: str) -> str | None:
+    if not store.exists(rel):
+        return None
+    spec = store.read_json(rel)
+    if not isinstance(spec, dict):
+        raise BadInputError(f"{store.url(rel)} must hold a JSON object (docs/DATA.md)")
+    return spec.get("corpus")

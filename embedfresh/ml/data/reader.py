@@ -59,6 +59,8 @@ class Examples:
     kind: str = "binary"
     missing_documents: int = 0
     """Rows left out: their document is not in the corpus and they carry no text."""
+    texts_from_corpus: int = 0
+    """Rows whose document's text the corpus gave (it may change between two reads)."""
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -191,7 +193,7 @@ def _conform(table: pa.Table, url: str, features: Features, strict: bool) -> pa.
         if not expected[1](col.type):
             problems.append(f"column {name} is {col.type}, expected {expected[0]}")
             continue
-        if col.null_count:
+        if col.null_count and name != DOC_TEXT:  # a row without its text: the corpus's
             first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             problems.append(f"column {name} has {col.null_count} nulls, the first at row {first}")
         columns[name] = col
@@ -214,8 +216,8 @@ def _expected(name: str, label: str | None) -> tuple[str, object]:
         return "an integer or a string", lambda t: pa.types.is_integer(t) or _is_text(t)
     if name in ("query", DOC_TEXT):
         return "a string", _is_text
-    if name == label:
-        return "an integer", pa.types.is_integer
+    if name == label:  # whole numbers, checked with the values
+        return "an integer", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)
     return (
         "a number (declared feature)",
         lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
@@ -283,7 +285,10 @@ def id_keys(column: pa.ChunkedArray) -> np.ndarray:
     """int64 keys of an id column: integers as they are, strings their BLAKE2b-64 with
     the top bit cleared (the same string, the same key, in every file)."""
     if pa.types.is_integer(column.type):
-        return column.cast(pa.int64()).to_numpy()
+        try:
+            return column.cast(pa.int64()).to_numpy()
+        except pa.ArrowInvalid as e:
+            raise BadInputError(f"an id does not fit int64 (use a string id): {e}") from e
     return np.array(
         [int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big") >> 1
          for s in column.to_pylist()],
@@ -325,13 +330,14 @@ def _labels(table: pa.Table, kind: str, rows: _Rows) -> np.ndarray:
     if kind == "positive":
         return np.ones(table.num_rows, np.float32)
     name, top = ("label", 1) if kind == "binary" else ("grade", MAX_GRADE)
-    values = table.column(name).to_numpy().astype(np.int64)
-    bad = (values < 0) | (values > top)
+    raw = table.column(name).to_numpy().astype(np.float64)
+    values = np.where(np.isfinite(raw), raw, -1)
+    bad = (values < 0) | (values > top) | (values != np.floor(values))
     if bad.any():
         first = int(np.argmax(bad))
         raise BadInputError(
             f"column {name} must be {'0 or 1' if top == 1 else f'0-{top}'}, got "
-            f"{values[first]} at {rows.at(first)} ({int(bad.sum())} such rows)"
+            f"{raw[first]:g} at {rows.at(first)} ({int(bad.sum())} such rows)"
         )
     return (values / top).astype(np.float32)
 
@@ -362,6 +368,7 @@ def _to_examples(
     _check_unique(table, (query_ids, doc_keys), rows, split)
     texts, keep = _documents(store, table, rows, corpus, max_missing, split)
     n = table.num_rows
+    inline = n - table.column(DOC_TEXT).null_count if DOC_TEXT in table.column_names else 0
     return Examples(
         query_ids=query_ids[keep],
         product_ids=doc_keys[keep],
@@ -374,6 +381,7 @@ def _to_examples(
         sources=tuple(rows.urls),
         kind=kind,
         missing_documents=int(n - keep.sum()),
+        texts_from_corpus=int(keep.sum()) - inline,
     )
 
 
@@ -436,6 +444,8 @@ def with_texts(store: ArtifactStore, table: pa.Table, corpus: str, url: str) -> 
     found = _corpus_texts(store, corpus, wanted[need], _is_text(doc.type), _Rows([(url, table)]))
     texts = [t if t is not None else found.get(wanted[i].item()) for i, t in enumerate(own)]
     keep = pa.array([t is not None for t in texts])
+    if dropped := n - sum(keep.to_pylist()):
+        log.warning("%s: %d pairs left out, their documents not in corpus %s", url, dropped, corpus)
     if DOC_TEXT in table.column_names:
         table = table.drop_columns([DOC_TEXT])
     return table.append_column(DOC_TEXT, pa.array(texts, pa.string())).filter(keep)

@@ -351,7 +351,7 @@ def fast_mode_gate(
     """Recall@10 on the eval split of ``dataset``, the fast ``mode`` (``int8``/``bf16``)
     against fp32: is it worse than fp32 by more than ``tolerance``? (one-sided,
     :data:`GATE_CONFIDENCE`). The summary's keys name the mode (``recall_at_10_bf16``)."""
-    from embedfresh.ml.data.judgments import corpus_of
+    from embedfresh.ml.data.judgments import pairs_corpus
     from embedfresh.ml.data.reader import read_eval
     from embedfresh.ml.embedding.pools import (
         POOL_SIZE,
@@ -360,7 +360,7 @@ def fast_mode_gate(
         retrieval_sets,
     )
 
-    examples = read_eval(store, dataset, {}, corpus_of(store, dataset, None))
+    examples = read_eval(store, dataset, {}, pairs_corpus(store, dataset))
     query_ids, query_texts, _, product_texts, relevant = retrieval_sets(examples)
     if len(query_ids) == 0:
         raise BadInputError(

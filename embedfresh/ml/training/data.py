@@ -98,11 +98,14 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def data_fingerprint(examples: Examples) -> str:
-    """16 hex digits of sha256 over the examples' ids, features, labels and their kind: part of the
+    """16 hex digits of sha256 over the examples' ids, features, labels and kind, and
+    their texts where a corpus gave them (it may change between attempts): part of the
     config hash, so a checkpoint is never resumed on other data."""
     h = hashlib.sha256()
     for arr in (examples.query_ids, examples.product_ids, examples.features, examples.labels):
         h.update(np.ascontiguousarray(arr).tobytes())
     if examples.kind != "binary":  # the objective (binary data: hashed as before kinds)
         h.update(examples.kind.encode())
+    if examples.texts_from_corpus:
+        h.update("\x00".join(examples.queries + examples.products).encode())
     return h.hexdigest()[:16]

@@ -36,7 +36,8 @@ def load_start(model: RelevanceModel, version: versions.ModelVersion, what: str)
         raise BadInputError(
             f"{what} {version.url} has another architecture than model config {spec.name!r}"
         )
-    if not (version.meta.get("base") or version.meta.get("baseline")):
+    meta = version.meta
+    if not (meta.get("base") or meta.get("baseline") or meta.get("head_trained") is False):
         raise BadInputError(
             f"{what} {version.url} has a relevance head trained on features "
             f"{_named(version.spec.features)}, and the data declares "

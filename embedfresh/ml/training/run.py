@@ -34,7 +34,7 @@ from embedfresh.core.storage import ArtifactStore
 from embedfresh.ml.backends import Backend, get_backend, sharding_refusal
 from embedfresh.ml.checkpoint import SHARDED, Checkpoint, CheckpointManager, cpu_state_dict
 from embedfresh.ml.compile import modes, resolve_backend
-from embedfresh.ml.data.judgments import corpus_of
+from embedfresh.ml.data.judgments import pairs_corpus
 from embedfresh.ml.data.reader import Examples, read_train
 from embedfresh.ml.model import versions
 from embedfresh.ml.model.presets import ModelSpec
@@ -144,7 +144,7 @@ class TrainingRun:
             )
             examples = read_train(
                 store, cfg.dataset, cfg.data_interval_start, cfg.interval_end, spec.features,
-                corpus_of(store, cfg.dataset, None), cfg.max_missing_documents,
+                pairs_corpus(store, cfg.dataset), cfg.max_missing_documents,
             )  # fmt: skip
             if examples.kind == "positive" and not cfg.contrastive_weight:
                 raise BadInputError(
