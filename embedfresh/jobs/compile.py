@@ -228,6 +228,7 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
     from embedfresh.ml.data.reader import with_texts
 
     corpus = corpus_of(store, dataset, None)  # the judged one: its first shard is copied
+    texts_from = pairs_corpus(store, dataset)
     judgments = layout.judgments(dataset)
     train, evals = layout.dataset_partition(dataset, "train", day), layout.eval_split(dataset)
     for directory in (train, evals, judgments):
@@ -239,8 +240,7 @@ def _copy_data(store: ArtifactStore, trial: ArtifactStore, dataset: str, day: dt
             if directory == judgments or not name.endswith(".parquet"):
                 trial.write_bytes(rel, store.read_bytes(rel))
                 continue
-            pairs = read_parquet(store, rel)
-            table = with_texts(store, pairs, pairs_corpus(store, dataset), store.url(rel))
+            table = with_texts(store, read_parquet(store, rel), texts_from, store.url(rel))
             trial.write_bytes(rel, parquet_bytes(table))
     if store.exists(declaration := layout.dataset_declaration(dataset)):
         trial.write_bytes(declaration, store.read_bytes(declaration))

@@ -66,11 +66,7 @@ def run_gate(cfg: GateConfig) -> dict[str, Any]:
     cand_outcomes = load_outcomes(store, candidate)
     check_candidate(cand_outcomes, cfg.metrics)
     ref_version, source = _reference(store, cfg, production)
-    # A reference whose relevance head never trained says nothing through the head's
-    # metrics (a seeded random init): the gate compares what it can be measured on.
-    untrained = untrained_head(store, cfg.model, ref_version, source) or untrained_head(
-        store, cfg.model, cfg.candidate_version, "candidate"
-    )  # a candidate trained on positive pairs alone has no head to compare either
+    untrained = _untrained_side(store, cfg, ref_version, source)
     metrics, skipped = comparable_metrics(cfg.metrics, untrained, ref_version)
     if source == "baseline":
         versions.ensure_baseline(store, cfg.model, cfg.baseline, cfg.seed)
@@ -330,6 +326,17 @@ def sizing(result: GateResult, pool: int, confidence: float = 0.95) -> list[dict
              "resolves_no_change": pool >= needed}
         )  # fmt: skip
     return out
+
+
+def _untrained_side(
+    store: ArtifactStore, cfg: GateConfig, reference: str, source: str
+) -> str | None:
+    """Why either side's relevance head never trained, or None: a reference of a seeded
+    random head, or a candidate trained on positive pairs alone, says nothing through
+    the head's metrics; the gate compares what both can be measured on."""
+    return untrained_head(store, cfg.model, reference, source) or untrained_head(
+        store, cfg.model, cfg.candidate_version, "candidate"
+    )
 
 
 def untrained_head(store: ArtifactStore, model: str, version: str, source: str) -> str | None:

@@ -393,27 +393,11 @@ def _documents(
     max_missing: int,
     split: str,
 ) -> tuple[list[str | None], np.ndarray]:
-    """Each row's document text (its own ``doc_text``, else the corpus's) and which
-    rows are kept: a document the corpus lacks leaves its row out, counted and logged;
-    more than ``max_missing`` such rows are refused."""
-    n = table.num_rows
-    texts: list[str | None] = (
-        table.column(DOC_TEXT).to_pylist() if DOC_TEXT in table.column_names else [None] * n
-    )
-    need = np.array([t is None for t in texts])
-    if not need.any():
-        return texts, np.ones(n, bool)
-    if corpus is None:
-        raise BadInputError(
-            f"{rows.at(int(np.argmax(need)))} has no {DOC_TEXT} and the data set names no "
-            "corpus to take it from (its judgments.json's corpus)"
-        )
-    doc = table.column("doc_id")
-    wanted = np.asarray(doc.to_pylist(), dtype=str if _is_text(doc.type) else np.int64)
-    found = _corpus_texts(store, corpus, wanted[need], _is_text(doc.type), rows)
-    for i in np.flatnonzero(need):
-        texts[i] = found.get(wanted[i].item())
-    missing = need & np.array([t is None for t in texts])
+    """Each row's document text (:func:`_filled`) and which rows are kept: a document
+    the corpus lacks leaves its row out, counted and logged; more than ``max_missing``
+    such rows are refused."""
+    texts, wanted = _filled(store, table, corpus, rows)
+    missing = np.array([t is None for t in texts], bool)
     if missing.sum() > max_missing:
         first = int(np.argmax(missing))
         raise BadInputError(
@@ -431,24 +415,35 @@ def _documents(
 
 
 def with_texts(store: ArtifactStore, table: pa.Table, corpus: str, url: str) -> pa.Table:
-    """``table``'s pairs (file ``url``) with every document's text inline in ``doc_text``:
-    the corpus's for a row without its own. A row whose document the corpus lacks is left
-    out (what the reader does within ``max_missing_documents``)."""
-    n = table.num_rows
-    own = table.column(DOC_TEXT).to_pylist() if DOC_TEXT in table.column_names else [None] * n
-    need = [i for i, t in enumerate(own) if t is None]
-    if not need:
-        return table
-    doc = table.column("doc_id")
-    wanted = np.asarray(doc.to_pylist(), dtype=str if _is_text(doc.type) else np.int64)
-    found = _corpus_texts(store, corpus, wanted[need], _is_text(doc.type), _Rows([(url, table)]))
-    texts = [t if t is not None else found.get(wanted[i].item()) for i, t in enumerate(own)]
+    """``table``'s pairs (file ``url``) with every document's text inline in ``doc_text``
+    (:func:`_filled`). A row whose document the corpus lacks is left out, logged (what
+    the reader does within ``max_missing_documents``)."""
+    texts, _ = _filled(store, table, corpus, _Rows([(url, table)]))
     keep = pa.array([t is not None for t in texts])
-    if dropped := n - sum(keep.to_pylist()):
+    if dropped := table.num_rows - sum(keep.to_pylist()):
         log.warning("%s: %d pairs left out, their documents not in corpus %s", url, dropped, corpus)
     if DOC_TEXT in table.column_names:
         table = table.drop_columns([DOC_TEXT])
     return table.append_column(DOC_TEXT, pa.array(texts, pa.string())).filter(keep)
+
+
+def _filled(
+    store: ArtifactStore, table: pa.Table, corpus: str | None, rows: _Rows
+) -> tuple[list[str | None], np.ndarray]:
+    """Each row's text: its own ``doc_text``, else its document's in ``corpus`` (None
+    where neither has one, the corpus read only when a row needs it); and the doc ids."""
+    n = table.num_rows
+    texts = table.column(DOC_TEXT).to_pylist() if DOC_TEXT in table.column_names else [None] * n
+    doc = table.column("doc_id")
+    wanted = np.asarray(doc.to_pylist(), dtype=str if _is_text(doc.type) else np.int64)
+    need = [i for i, t in enumerate(texts) if t is None]
+    if need and corpus is None:
+        raise BadInputError(f"{rows.at(need[0])} has no {DOC_TEXT}, and no corpus was named")
+    if need:
+        found = _corpus_texts(store, corpus, wanted[need], _is_text(doc.type), rows)
+        for i in need:
+            texts[i] = found.get(wanted[i].item())
+    return texts, wanted
 
 
 def _corpus_texts(
